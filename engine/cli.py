@@ -1,0 +1,156 @@
+"""The ``dpfl`` command line: ``dpfl run``, ``dpfl privacy``, ``dpfl algorithms``.
+
+Invalid input exits with status 2 and one line on stderr naming the key and value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+from engine.config import ConfigError, load_config
+
+
+def _run(args: argparse.Namespace) -> int:
+    from engine.simulate import simulate
+
+    config = load_config(args.config, args.set)
+    if args.executor:
+        from engine.config import replace
+
+        config = replace(config, **{"ray.executor": args.executor})
+    result = simulate(config, progress=not args.quiet)
+    p = result.privacy
+    acc = result.final_accuracy
+    if p["private"]:
+        budget = f" (budget {p['target_epsilon']:g})" if p["target_epsilon"] else ""
+        priv = (
+            f"epsilon={p['final_epsilon']:.4g}{budget} at delta={p['delta']:.3g}, "
+            f"noise_multiplier={p['noise_multiplier']:.4g}, clip_norm={p['clip_norm']:g}, "
+            f"{p['sampling']} sampling q={p['sampling_rate']:.4g}, {p['accountant']} accountant"
+        )
+    else:
+        priv = "not private (epsilon=inf)"
+    print(
+        f"{config.algorithm} on {config.dataset.name}/{config.model.name}: "
+        f"{config.rounds} rounds, final test_accuracy={acc:.4f}; {priv}"
+    )
+    print(f"results: {result.out_dir}")
+    return 0
+
+
+def _privacy(args: argparse.Namespace) -> int:
+    from engine.privacy.accounting import (
+        CalibrationError,
+        SamplingSpec,
+        calibrate_noise_multiplier,
+        compute_epsilon,
+    )
+
+    if (args.epsilon is None) == (args.noise_multiplier is None):
+        raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
+    num_clients = args.num_clients
+    if num_clients is None:
+        if args.cohort_size is not None or args.max_cohort is not None:
+            raise ConfigError("--num-clients is required with --cohort-size or --max-cohort")
+        num_clients = 10**9  # plain Poisson accounting does not depend on N
+    if not 0 < args.delta < 1:
+        raise ConfigError(f"--delta={args.delta}: must be in (0, 1)")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds={args.rounds}: must be >= 1")
+    try:
+        if args.cohort_size is not None:
+            spec = SamplingSpec("fixed", num_clients, cohort_size=args.cohort_size)
+        else:
+            spec = SamplingSpec(
+                "poisson", num_clients, rate=args.sampling_rate, max_cohort=args.max_cohort
+            )
+        accountant = args.accountant or spec.default_accountant()
+        if args.epsilon is not None:
+            z = calibrate_noise_multiplier(args.epsilon, args.delta, spec, args.rounds, accountant)
+        else:
+            z = args.noise_multiplier
+        eps = compute_epsilon(z, spec, args.rounds, args.delta, accountant)
+    except (CalibrationError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    out = {
+        "noise_multiplier": z,
+        "epsilon": eps,
+        "delta": args.delta,
+        "sampling_rate": spec.effective_rate,
+        "rounds": args.rounds,
+        "sampling": spec.name,
+        "adjacency": spec.adjacency,
+        "accountant": accountant,
+    }
+    if args.json:
+        print(json.dumps(out))
+    elif args.epsilon is not None:
+        print(f"noise_multiplier={z:.6g} (epsilon={eps:.6g} <= {args.epsilon:g})")
+    else:
+        print(f"epsilon={eps:.6g}")
+    return 0
+
+
+def _algorithms(_: argparse.Namespace) -> int:
+    from algorithms import RECIPES
+
+    width = max(len(n) for n in RECIPES)
+    for name, r in RECIPES.items():
+        print(f"{name:<{width}}  {r.summary}  [{r.paper}]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpfl", description="Federated learning with client-level differential privacy"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one simulation")
+    run.add_argument("--config", "-c", help="YAML file (a diff over the defaults)")
+    run.add_argument(
+        "--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a key"
+    )
+    run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    run.set_defaults(func=_run)
+
+    pr = sub.add_parser("privacy", help="noise multiplier for a budget, or epsilon for a noise")
+    pr.add_argument("--epsilon", type=float)
+    pr.add_argument("--noise-multiplier", type=float)
+    pr.add_argument("--delta", type=float, required=True)
+    pr.add_argument("--sampling-rate", type=float, default=None)
+    pr.add_argument("--rounds", type=int, required=True)
+    pr.add_argument("--accountant", choices=["rdp", "pld"])
+    pr.add_argument("--num-clients", type=int, help="population N (needed for fixed/capped)")
+    pr.add_argument("--cohort-size", type=int, help="fixed-size sampling of this many clients")
+    pr.add_argument("--max-cohort", type=int, help="cap on the Poisson cohort (PLD)")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=_privacy)
+
+    al = sub.add_parser("algorithms", help="list the algorithms")
+    al.set_defaults(func=_algorithms)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "privacy" and args.cohort_size is None and args.sampling_rate is None:
+        parser.error("--sampling-rate is required (or --cohort-size with --num-clients)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return int(args.func(args))
+    except ConfigError as e:
+        print(f"dpfl: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""Typed run configuration: frozen dataclasses, YAML files and ``--set`` overrides.
+
+The tree (``RunConfig`` at the root) mirrors the config keys documented in the README.
+Every section validates itself in ``__post_init__`` and raises :class:`ConfigError`
+(a ``ValueError``) with one line naming the key and the bad value. Cross-section
+checks that need the whole tree (cohort vs. clients, exactly one of ε / σ) live in
+:meth:`RunConfig.__post_init__`. Checks that need the data (files present) or the
+accountant (ε reachable) run in :func:`engine.simulate.prepare` before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+def _check(cond: bool, key: str, value: Any, why: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}={value!r}: {why}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetConfig:
+    name: str = "synthetic"
+    root: str | None = None
+    download: bool = False
+    num_clients: int = 1000
+    partition: str = "iid"
+    alpha: float = 0.5
+    client_test_fraction: float = 0.2
+    emnist_split: str = "byclass"
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    synthetic_dim: int = 60
+    synthetic_classes: int = 10
+    synthetic_mean_samples: int = 60
+
+    def __post_init__(self) -> None:
+        names = (
+            "synthetic",
+            "mnist",
+            "emnist",
+            "cifar10",
+            "cifar100",
+            "svhn",
+            "femnist",
+            "shakespeare",
+        )
+        _check(self.name in names, "dataset.name", self.name, f"must be one of {names}")
+        _check(self.num_clients >= 1, "dataset.num_clients", self.num_clients, "must be >= 1")
+        _check(
+            self.partition in ("iid", "dirichlet", "natural"),
+            "dataset.partition",
+            self.partition,
+            "must be iid, dirichlet or natural",
+        )
+        _check(self.alpha > 0, "dataset.alpha", self.alpha, "must be > 0")
+        _check(
+            0 <= self.client_test_fraction < 1,
+            "dataset.client_test_fraction",
+            self.client_test_fraction,
+            "must be in [0, 1)",
+        )
+        natural_ok = ("synthetic", "femnist", "shakespeare")
+        _check(
+            self.partition != "natural" or self.name in natural_ok,
+            "dataset.partition",
+            self.partition,
+            f"natural clients exist only for {natural_ok}; "
+            f"use iid or dirichlet for dataset.name={self.name}",
+        )
+        _check(
+            self.synthetic_mean_samples >= 4,
+            "dataset.synthetic_mean_samples",
+            self.synthetic_mean_samples,
+            "must be >= 4",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = "mlp"
+
+    def __post_init__(self) -> None:
+        names = ("logreg", "mlp", "cnn", "resnet10_gn", "resnet18_gn", "char_lstm")
+        _check(self.name in names, "model.name", self.name, f"must be one of {names}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """Client sampling. ``poisson`` (default): each client joins with prob. ``rate``.
+    ``fixed``: ``cohort_size`` clients uniformly without replacement."""
+
+    mode: str = "poisson"
+    rate: float = 0.1
+    cohort_size: int | None = None
+    max_cohort: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(
+            self.mode in ("poisson", "fixed"),
+            "sampling.mode",
+            self.mode,
+            "must be poisson or fixed",
+        )
+        _check(0 < self.rate <= 1, "sampling.rate", self.rate, "must be in (0, 1]")
+        if self.mode == "fixed":
+            _check(
+                self.cohort_size is not None and self.cohort_size >= 1,
+                "sampling.cohort_size",
+                self.cohort_size,
+                "must be a positive integer when sampling.mode=fixed",
+            )
+        if self.max_cohort is not None:
+            _check(
+                self.mode == "poisson",
+                "sampling.max_cohort",
+                self.max_cohort,
+                "applies only to sampling.mode=poisson",
+            )
+            _check(self.max_cohort >= 1, "sampling.max_cohort", self.max_cohort, "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    every: int = 5
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 1, "eval.every", self.every, "must be >= 1")
+
+
+DEFAULT_EPSILON = 4.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyConfig:
+    """Client-level DP. Give at most one of ``epsilon`` and ``noise_multiplier``; with
+    neither, ``epsilon`` defaults to ``DEFAULT_EPSILON``. ``delta`` defaults to
+    ``num_clients ** -1.1`` (resolved in :mod:`engine.simulate`)."""
+
+    epsilon: float | None = None
+    delta: float | None = None
+    noise_multiplier: float | None = None
+    clip_norm: float = 1.0
+    accountant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.epsilon is None and self.noise_multiplier is None:
+            object.__setattr__(self, "epsilon", DEFAULT_EPSILON)
+        if self.epsilon is not None:
+            _check(self.epsilon > 0, "privacy.epsilon", self.epsilon, "must be > 0")
+        if self.delta is not None:
+            _check(0 < self.delta < 1, "privacy.delta", self.delta, "must be in (0, 1)")
+        if self.noise_multiplier is not None:
+            _check(
+                self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier),
+                "privacy.noise_multiplier",
+                self.noise_multiplier,
+                "must be finite and >= 0",
+            )
+        _check(self.clip_norm > 0, "privacy.clip_norm", self.clip_norm, "must be > 0")
+        _check(
+            self.accountant in (None, "rdp", "pld"),
+            "privacy.accountant",
+            self.accountant,
+            "must be rdp or pld",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalConfig:
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 0.1
+    lr_decay: float = 1.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 1, "local.epochs", self.epochs, "must be >= 1")
+        _check(self.batch_size >= 1, "local.batch_size", self.batch_size, "must be >= 1")
+        _check(self.lr > 0, "local.lr", self.lr, "must be > 0")
+        _check(0 < self.lr_decay <= 1, "local.lr_decay", self.lr_decay, "must be in (0, 1]")
+        _check(0 <= self.momentum < 1, "local.momentum", self.momentum, "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "local.weight_decay", self.weight_decay, "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    lr: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "server.lr", self.lr, "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    """Execution. ``executor=ray`` runs client workers and the server as Ray actors;
+    ``executor=local`` runs the identical computation in-process (same results)."""
+
+    executor: str = "ray"
+    address: str | None = None
+    num_workers: int = 2
+    num_cpus_per_worker: float = 1.0
+    num_gpus_per_worker: float = 0.0
+    object_store_memory_mb: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(
+            self.executor in ("ray", "local"), "ray.executor", self.executor, "must be ray or local"
+        )
+        _check(self.num_workers >= 1, "ray.num_workers", self.num_workers, "must be >= 1")
+        _check(
+            self.num_cpus_per_worker > 0,
+            "ray.num_cpus_per_worker",
+            self.num_cpus_per_worker,
+            "must be > 0",
+        )
+        _check(
+            self.num_gpus_per_worker >= 0,
+            "ray.num_gpus_per_worker",
+            self.num_gpus_per_worker,
+            "must be >= 0",
+        )
+
+
+ALGORITHMS = ("fedavg", "dp_fedavg")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    algorithm: str = "dp_fedavg"
+    seed: int = 0
+    rounds: int = 60
+    out: str | None = None
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.algorithm in ALGORITHMS,
+            "algorithm",
+            self.algorithm,
+            f"must be one of {ALGORITHMS}",
+        )
+        _check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
+        _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        n = self.dataset.num_clients
+        s = self.sampling
+        if s.mode == "fixed" and s.cohort_size is not None:
+            _check(
+                s.cohort_size <= n,
+                "sampling.cohort_size",
+                s.cohort_size,
+                f"exceeds dataset.num_clients={n}",
+            )
+        if s.max_cohort is not None:
+            _check(
+                s.max_cohort <= n,
+                "sampling.max_cohort",
+                s.max_cohort,
+                f"exceeds dataset.num_clients={n}",
+            )
+        if self.is_private:
+            p = self.privacy
+            given = (p.epsilon is not None) + (p.noise_multiplier is not None)
+            _check(
+                given == 1,
+                "privacy.epsilon",
+                p.epsilon,
+                "give exactly one of privacy.epsilon and privacy.noise_multiplier "
+                f"(noise_multiplier={p.noise_multiplier!r})",
+            )
+            if s.max_cohort is not None:
+                _check(
+                    p.accountant != "rdp",
+                    "privacy.accountant",
+                    p.accountant,
+                    "sampling.max_cohort (truncated Poisson) is accounted by PLD only",
+                )
+            if s.mode == "fixed":
+                _check(
+                    p.accountant != "pld",
+                    "privacy.accountant",
+                    p.accountant,
+                    "fixed-size sampling is accounted by RDP only (replace-one)",
+                )
+
+    @property
+    def is_private(self) -> bool:
+        return self.algorithm != "fedavg"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Coerce ``value`` (from YAML or a ``--set`` string) to annotation ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(key, value, args[0])
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r}: expected a number")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}={value!r}: expected a string")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}={data!r}: expected a mapping")
+    hints = _section_types(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if k not in known:
+            raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(known))})")
+        tp = hints[k]
+        if dataclasses.is_dataclass(tp):
+            kwargs[k] = _build(tp, v, f"{key}.")
+        else:
+            kwargs[k] = _coerce(key, v, tp)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Parse ``key=value``; the value is read as YAML (so ``1e-5``, ``true``, ``null``)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Build a :class:`RunConfig` from defaults, a YAML file (a diff over the defaults)
+    and ``key=value`` overrides, in that order."""
+    tree: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config {str(p)!r}: no such file")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config {str(p)!r}: expected a YAML mapping at top level")
+        tree = _merge(tree, loaded)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_path(tree, key, value)
+    return _build(RunConfig, tree, "")
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a config from :meth:`RunConfig.to_dict` output (or any nested mapping)."""
+    return _build(RunConfig, data, "")
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def replace(config: RunConfig, **changes: Any) -> RunConfig:
+    """``dataclasses.replace`` that accepts dotted keys, e.g. ``{"privacy.epsilon": 4}``."""
+    tree = config.to_dict()
+    for k, v in changes.items():
+        _set_path(tree, k.replace("__", "."), v)
+    return config_from_dict(tree)

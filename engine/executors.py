@@ -1,0 +1,157 @@
+"""Executors: where client workers and the server run — Ray actors or in process.
+
+Both executors perform the identical computation: the server samples the cohort,
+the cohort is split into ``num_workers`` contiguous shards (the same split in both),
+each shard is trained client by client into one partial sum, and the server reduces
+the partials in shard order. Hence for the same seed and ``num_workers`` the Ray and
+in-process executors give bit-identical models (tested). Client randomness is keyed
+by (seed, round, client), so it does not depend on which worker trains a client.
+
+Ray layout: one persistent :class:`ClientWorker` actor per worker, each declared with
+``num_cpus`` / ``num_gpus`` (fractional GPUs allowed) and holding the dataset once —
+``ray.put`` places it in the object store and numpy arrays are read zero-copy — and
+one :class:`Server` actor that owns the global model, the noise streams and the
+accountant. Per round the driver moves only object references: the global weights
+go from the server to the workers and the partial sums from the workers to the
+server without passing through the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Protocol
+
+import numpy as np
+
+from engine.client import ClientWorker, LocalSpec, shard_cohort
+from engine.data.federated import FederatedDataset
+from engine.server import Server, ServerSpec
+
+ACTOR_START_TIMEOUT_S = 180.0
+
+
+class Executor(Protocol):
+    def run_round(self, rnd: int) -> dict: ...
+
+    def weights(self) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Everything in this process; the reference the Ray executor must equal."""
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        server_spec: ServerSpec,
+        local_spec: LocalSpec,
+        num_shards: int,
+    ) -> None:
+        self.server = Server(dataset, server_spec)
+        self.worker = ClientWorker(dataset, local_spec)
+        self.num_shards = num_shards
+
+    def run_round(self, rnd: int) -> dict:
+        cohort, weights = self.server.begin_round(rnd)
+        partials = [
+            self.worker.train_shard(weights, rnd, shard)
+            for shard in shard_cohort(cohort, self.num_shards)
+        ]
+        return self.server.finish_round(rnd, *partials)
+
+    def weights(self) -> np.ndarray:
+        return self.server.get_weights()
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    """Persistent client-worker actors plus a server actor."""
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        server_spec: ServerSpec,
+        local_spec: LocalSpec,
+        ray_cfg,  # engine.config.RayConfig
+        run_name: str = "dpfl",
+        include_dashboard: bool | None = None,
+    ) -> None:
+        import ray
+
+        self._ray = ray
+        self._owns_ray = False
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            kwargs: dict = {"log_to_driver": True, "configure_logging": False}
+            if ray_cfg.address:
+                kwargs["address"] = ray_cfg.address
+            else:
+                need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
+                kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
+                if include_dashboard is not None:
+                    kwargs["include_dashboard"] = include_dashboard
+                if ray_cfg.object_store_memory_mb:
+                    kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
+            ray.init(**kwargs)
+            self._owns_ray = True
+        data_ref = ray.put(dataset)
+        worker_cls = ray.remote(ClientWorker)
+        server_cls = ray.remote(Server)
+        self.workers = [
+            worker_cls.options(
+                num_cpus=ray_cfg.num_cpus_per_worker,
+                num_gpus=ray_cfg.num_gpus_per_worker,
+                name=f"{run_name}:client-worker-{i}",
+                max_concurrency=1,
+            ).remote(data_ref, local_spec)
+            for i in range(ray_cfg.num_workers)
+        ]
+        self.server = server_cls.options(num_cpus=0, name=f"{run_name}:server").remote(
+            data_ref, server_spec
+        )
+        del data_ref
+        pings = [w.ping.remote() for w in self.workers] + [self.server.dim.remote()]
+        ready, pending = ray.wait(pings, num_returns=len(pings), timeout=ACTOR_START_TIMEOUT_S)
+        if pending:
+            self.close()
+            raise RuntimeError(
+                f"ray.num_workers={ray_cfg.num_workers} workers with "
+                f"ray.num_cpus_per_worker={ray_cfg.num_cpus_per_worker} and "
+                f"ray.num_gpus_per_worker={ray_cfg.num_gpus_per_worker} could not all start "
+                f"within {ACTOR_START_TIMEOUT_S:.0f} s; the cluster has "
+                f"{ray.cluster_resources()}"
+            )
+        ray.get(ready)
+
+    def run_round(self, rnd: int) -> dict:
+        ray = self._ray
+        cohort_ref, weights_ref = self.server.begin_round.options(num_returns=2).remote(rnd)
+        cohort = ray.get(cohort_ref)
+        shards = shard_cohort(cohort, len(self.workers))
+        partial_refs = [
+            w.train_shard.remote(weights_ref, rnd, shard) for w, shard in zip(self.workers, shards)
+        ]
+        del weights_ref
+        return ray.get(self.server.finish_round.remote(rnd, *partial_refs))
+
+    def weights(self) -> np.ndarray:
+        return np.array(self._ray.get(self.server.get_weights.remote()))
+
+    def close(self) -> None:
+        ray = self._ray
+        for a in [*getattr(self, "workers", []), getattr(self, "server", None)]:
+            if a is not None:
+                try:
+                    ray.kill(a)
+                except Exception:  # noqa: BLE001 - best effort on shutdown
+                    pass
+        self.workers = []
+        self.server = None
+        if self._owns_ray:
+            time.sleep(0.1)
+            ray.shutdown()
+            self._owns_ray = False

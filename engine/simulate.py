@@ -1,0 +1,274 @@
+"""``simulate(config)``: validate, resolve privacy, build data, run rounds, write results.
+
+Everything that can be checked is checked in :func:`prepare` before any training:
+config values, dataset files, model/data compatibility, and the privacy budget (σ is
+calibrated from ε, or ε computed from σ, by dp-accounting with the sampling actually
+used). The ε recorded for each round is the accountant's cumulative ε after that
+round; the final ε is the accountant's value for the rounds actually run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine import rng as rngs
+from engine.client import LocalSpec
+from engine.config import ConfigError, RunConfig
+from engine.data import FederatedDataset, build_dataset, check_dataset_files
+from engine.executors import Executor, LocalExecutor, RayExecutor
+from engine.models import build_model
+from engine.privacy.accounting import (
+    CalibrationError,
+    SamplingSpec,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    default_delta,
+)
+from engine.results import RoundWriter, write_json
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The resolved privacy parameters of a run (all public)."""
+
+    private: bool
+    noise_multiplier: float
+    clip_norm: float
+    delta: float
+    target_epsilon: float | None  # the budget, if one was given
+    planned_epsilon: float  # ε after config.rounds rounds at noise_multiplier
+    accountant: str
+    sampling: SamplingSpec
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "private": self.private,
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": self.clip_norm,
+            "delta": self.delta,
+            "target_epsilon": self.target_epsilon,
+            "planned_epsilon": self.planned_epsilon,
+            "accountant": self.accountant if self.private else "none",
+            "sampling": self.sampling.name,
+            "adjacency": self.sampling.adjacency if self.private else "none",
+            "sampling_rate": self.sampling.effective_rate,
+            "denominator": self.sampling.denominator,
+        }
+
+
+def sampling_spec(config: RunConfig) -> SamplingSpec:
+    s = config.sampling
+    return SamplingSpec(
+        mode=s.mode,
+        num_clients=config.dataset.num_clients,
+        rate=s.rate if s.mode == "poisson" else None,
+        cohort_size=s.cohort_size if s.mode == "fixed" else None,
+        max_cohort=s.max_cohort,
+    )
+
+
+def plan_privacy(config: RunConfig) -> PrivacyPlan:
+    """Resolve δ, the accountant and σ↔ε for ``config``; raises ConfigError."""
+    spec = sampling_spec(config)
+    p = config.privacy
+    if not config.is_private:
+        return PrivacyPlan(False, 0.0, math.inf, 0.0, None, math.inf, "none", spec)
+    delta = p.delta if p.delta is not None else default_delta(config.dataset.num_clients)
+    accountant = p.accountant or spec.default_accountant()
+    try:
+        spec.check_accountant(accountant)
+        if p.epsilon is not None:
+            z = calibrate_noise_multiplier(p.epsilon, delta, spec, config.rounds, accountant)
+        else:
+            assert p.noise_multiplier is not None
+            z = p.noise_multiplier
+        eps = compute_epsilon(z, spec, config.rounds, delta, accountant)
+    except CalibrationError as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if p.epsilon is not None and eps > p.epsilon:  # pragma: no cover - guarded above
+        raise ConfigError(f"privacy.epsilon={p.epsilon}: calibration overshot ({eps})")
+    return PrivacyPlan(True, z, p.clip_norm, delta, p.epsilon, eps, accountant, spec)
+
+
+@dataclass
+class Prepared:
+    config: RunConfig
+    plan: PrivacyPlan
+    dataset: FederatedDataset
+
+
+def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepared:
+    """All checks that need no training; builds the dataset. Raises ConfigError."""
+    try:
+        if dataset is None:
+            check_dataset_files(config.dataset)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    plan = plan_privacy(config)
+    if dataset is None:
+        try:
+            dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if dataset.num_clients != config.dataset.num_clients:
+        raise ConfigError(
+            f"dataset.num_clients={config.dataset.num_clients}: the data has "
+            f"{dataset.num_clients} clients"
+        )
+    try:
+        build_model(config.model.name, dataset.input_shape, dataset.num_classes)
+    except ValueError as e:
+        raise ConfigError(
+            f"model.name={config.model.name!r} does not fit dataset.name="
+            f"{config.dataset.name!r} (input {dataset.input_shape}): {e}"
+        ) from None
+    return Prepared(config, plan, dataset)
+
+
+@dataclass
+class SimulationResult:
+    config: RunConfig
+    privacy: dict[str, Any]
+    rounds: pd.DataFrame
+    weights: np.ndarray
+    out_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_accuracy(self) -> float:
+        acc = self.rounds["test_accuracy"].dropna()
+        return float(acc.iloc[-1]) if len(acc) else math.nan
+
+    @property
+    def final_epsilon(self) -> float:
+        return float(self.rounds["epsilon"].iloc[-1])
+
+
+def default_out_dir(config: RunConfig) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"{stamp}-{config.algorithm}"
+
+
+def make_executor(prep: Prepared, run_name: str = "dpfl") -> Executor:
+    cfg, plan = prep.config, prep.plan
+    threads = max(1, int(cfg.ray.num_cpus_per_worker))
+    local = LocalSpec(
+        seed=cfg.seed,
+        model_name=cfg.model.name,
+        epochs=cfg.local.epochs,
+        batch_size=cfg.local.batch_size,
+        lr=cfg.local.lr,
+        lr_decay=cfg.local.lr_decay,
+        momentum=cfg.local.momentum,
+        weight_decay=cfg.local.weight_decay,
+        clip_norm=plan.clip_norm if plan.private else math.inf,
+        num_threads=threads,
+    )
+    from engine.server import ServerSpec
+
+    server = ServerSpec(
+        seed=cfg.seed,
+        model_name=cfg.model.name,
+        private=plan.private,
+        noise_multiplier=plan.noise_multiplier,
+        clip_norm=plan.clip_norm,
+        server_lr=cfg.server.lr,
+        delta=plan.delta,
+        accountant=plan.accountant,
+        sampling=plan.sampling,
+        eval_every=cfg.eval.every,
+        rounds=cfg.rounds,
+        num_threads=threads,
+    )
+    if cfg.ray.executor == "local":
+        return LocalExecutor(prep.dataset, server, local, cfg.ray.num_workers)
+    return RayExecutor(prep.dataset, server, local, cfg.ray, run_name=run_name)
+
+
+def simulate(
+    config: RunConfig,
+    *,
+    progress: bool = False,
+    write: bool = True,
+    dataset: FederatedDataset | None = None,
+) -> SimulationResult:
+    """Run one simulation and return its rounds as a DataFrame.
+
+    Args:
+        config: The run configuration.
+        progress: Show a progress bar (round, accuracy, ε spent).
+        write: Write ``config.json`` and ``rounds.parquet`` under ``config.out``
+            (default ``results/<timestamp>-<algorithm>/``).
+        dataset: Use this dataset instead of building one from ``config.dataset``.
+    """
+    prep = prepare(config, dataset)
+    plan = prep.plan
+    out_dir = Path(config.out) if config.out else default_out_dir(config)
+    writer = RoundWriter(out_dir) if write else None
+    if write:
+        write_json(out_dir / "config.json", {"config": config.to_dict(), "privacy": plan.summary()})
+    if plan.private and plan.sampling.mode == "fixed":
+        import warnings
+
+        warnings.warn(
+            "sampling.mode=fixed is accounted under replace-one adjacency with sensitivity 2C; "
+            f"its epsilon ({plan.planned_epsilon:.3g}) is far looser than Poisson sampling's",
+            stacklevel=2,
+        )
+    static = {
+        "algorithm": config.algorithm,
+        "dataset": config.dataset.name,
+        "model": config.model.name,
+        "seed": config.seed,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "clip_norm": plan.clip_norm,
+        "sampling": plan.sampling.name,
+        "sampling_rate": plan.sampling.effective_rate,
+        "adjacency": plan.summary()["adjacency"],
+        "accountant": plan.summary()["accountant"],
+        "epsilon_budget": plan.target_epsilon if plan.target_epsilon is not None else math.nan,
+    }
+    rows: list[dict[str, Any]] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.rounds, desc=config.algorithm, unit="round")
+    executor = make_executor(prep)
+    t0 = time.perf_counter()
+    last_acc = math.nan
+    try:
+        for rnd in range(config.rounds):
+            row = executor.run_round(rnd)
+            row.update(static)
+            row["wall_time_s"] = time.perf_counter() - t0
+            rows.append(row)
+            if writer is not None:
+                writer.append(row)
+            if not math.isnan(row["test_accuracy"]):
+                last_acc = row["test_accuracy"]
+            if bar is not None:
+                bar.set_postfix(acc=f"{last_acc:.3f}", eps=f"{row['epsilon']:.3g}")
+                bar.update(1)
+        weights = executor.weights()
+    finally:
+        executor.close()
+        if bar is not None:
+            bar.close()
+    frame = pd.DataFrame(rows)
+    summary = plan.summary()
+    summary["final_epsilon"] = float(frame["epsilon"].iloc[-1])
+    if write:
+        write_json(out_dir / "config.json", {"config": config.to_dict(), "privacy": summary})
+    return SimulationResult(config, summary, frame, weights, out_dir if write else None)
