@@ -1,0 +1,44 @@
+"""Shared fixtures: small configs and one local Ray instance per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+SMALL = [
+    "dataset.num_clients=40",
+    "dataset.synthetic_mean_samples=20",
+    "dataset.synthetic_dim=12",
+    "sampling.rate=0.25",
+    "rounds=3",
+    "eval.every=1",
+    "ray.executor=local",
+    "local.epochs=1",
+    "local.batch_size=8",
+]
+
+
+@pytest.fixture
+def small_overrides() -> list[str]:
+    return list(SMALL)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray with explicit small resources (2 CPUs, 1 fake GPU), shut down after."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=1,
+            include_dashboard=False,
+            object_store_memory=100 * 2**20,
+            configure_logging=False,
+            log_to_driver=False,
+        )
+    yield ray
+    ray.shutdown()

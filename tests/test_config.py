@@ -1,0 +1,95 @@
+"""Config validation: every class of invalid input fails early with the key named."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import ConfigError, RunConfig, config_from_dict, load_config
+from engine.simulate import prepare
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["nonsense=1"], "nonsense"),
+        (["privacy.nonsense=1"], "privacy.nonsense"),
+        (["rounds=abc"], "rounds"),
+        (["rounds=1.5"], "rounds"),
+        (["privacy.clip_norm=true"], "privacy.clip_norm"),
+        (["privacy.clip_norm=0"], "privacy.clip_norm"),
+        (["privacy.clip_norm=-2"], "privacy.clip_norm"),
+        (["sampling.rate=0"], "sampling.rate"),
+        (["sampling.rate=1.5"], "sampling.rate"),
+        (["privacy.epsilon=0"], "privacy.epsilon"),
+        (["privacy.epsilon=-1"], "privacy.epsilon"),
+        (["privacy.delta=0"], "privacy.delta"),
+        (["privacy.delta=1"], "privacy.delta"),
+        (["sampling.mode=fixed", "sampling.cohort_size=5000"], "sampling.cohort_size"),
+        (["sampling.max_cohort=5000"], "sampling.max_cohort"),
+        (["privacy.epsilon=4", "privacy.noise_multiplier=1"], "privacy.epsilon"),
+        (["dataset.partition=natural", "dataset.name=mnist"], "dataset.partition"),
+        (["model.name=transformer"], "model.name"),
+        (["algorithm=dp_magic"], "algorithm"),
+        (["sampling.max_cohort=50", "privacy.accountant=rdp"], "privacy.accountant"),
+        (["sampling.mode=fixed", "sampling.cohort_size=10", "privacy.accountant=pld"],
+         "privacy.accountant"),
+    ],
+)
+def test_invalid_values_name_the_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=overrides)
+    msg = str(err.value)
+    assert msg.startswith(key), msg
+    assert "\n" not in msg
+
+
+def test_unreachable_epsilon_fails_before_work(tmp_path) -> None:
+    cfg = load_config(overrides=["privacy.epsilon=0.0001", "rounds=2000", f"out={tmp_path}/r"])
+    with pytest.raises(ConfigError, match=r"^privacy\.epsilon=0\.0001 is unreachable"):
+        prepare(cfg)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name", ["mnist", "emnist", "cifar10", "cifar100", "svhn"])
+def test_missing_torchvision_files_name_path(tmp_path, name: str) -> None:
+    cfg = load_config(overrides=[f"dataset.name={name}", f"dataset.root={tmp_path}"])
+    with pytest.raises(ConfigError) as err:
+        prepare(cfg)
+    assert str(tmp_path) in str(err.value) and "dataset.name" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["femnist", "shakespeare"])
+def test_missing_leaf_files_name_path(tmp_path, name: str) -> None:
+    cfg = load_config(overrides=[f"dataset.name={name}", f"dataset.root={tmp_path}/leaf"])
+    with pytest.raises(ConfigError) as err:
+        prepare(cfg)
+    assert f"{tmp_path}/leaf" in str(err.value) and "LEAF JSON" in str(err.value)
+
+
+def test_model_must_fit_data() -> None:
+    cfg = load_config(overrides=["model.name=cnn", "dataset.num_clients=20"])
+    with pytest.raises(ConfigError, match=r"^model\.name='cnn' does not fit"):
+        prepare(cfg)
+
+
+def test_yaml_file_then_overrides(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("rounds: 7\nprivacy:\n  clip_norm: 0.3\nlocal:\n  lr: 0.2\n")
+    cfg = load_config(f, ["local.lr=0.05", "privacy.delta=1e-5", "ray.address=null"])
+    assert cfg.rounds == 7 and cfg.privacy.clip_norm == 0.3
+    assert cfg.local.lr == 0.05 and cfg.privacy.delta == 1e-5 and cfg.ray.address is None
+    assert cfg.dataset.name == "synthetic"  # untouched default
+
+
+def test_exactly_one_of_epsilon_and_noise() -> None:
+    assert load_config().privacy.epsilon is not None  # default budget
+    cfg = load_config(overrides=["privacy.noise_multiplier=1.1"])
+    assert cfg.privacy.epsilon is None and cfg.privacy.noise_multiplier == 1.1
+
+
+def test_round_trip_and_frozen() -> None:
+    cfg = load_config(overrides=["seed=3", "sampling.mode=fixed", "sampling.cohort_size=9"])
+    assert config_from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(AttributeError):
+        cfg.seed = 4  # type: ignore[misc]
+    assert isinstance(RunConfig(), RunConfig)
