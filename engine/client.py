@@ -96,15 +96,23 @@ def shard_cohort(cohort: np.ndarray, num_shards: int) -> list[np.ndarray]:
     return [np.asarray(s, dtype=np.int64) for s in np.array_split(np.sort(cohort), num_shards)]
 
 
+def init_process_model(
+    seed: int, model_name: str, dataset: FederatedDataset, num_threads: int
+) -> nn.Module:
+    """Pin this process's torch threads and build the run's initial model (same on
+    every process: it is drawn from the (seed, MODEL_INIT) stream)."""
+    torch.set_num_threads(max(1, int(num_threads)))
+    init = rngs.torch_gen(seed, rngs.MODEL_INIT)
+    return build_model(model_name, dataset.input_shape, dataset.num_classes, init)
+
+
 class ClientWorker:
     """Trains clients of a shard and returns their summed clipped updates."""
 
     def __init__(self, dataset: FederatedDataset, spec: LocalSpec) -> None:
         self.dataset = dataset
         self.spec = spec
-        torch.set_num_threads(max(1, int(spec.num_threads)))
-        init = rngs.torch_gen(spec.seed, rngs.MODEL_INIT)
-        self.model = build_model(spec.model_name, dataset.input_shape, dataset.num_classes, init)
+        self.model = init_process_model(spec.seed, spec.model_name, dataset, spec.num_threads)
         self.model.train()
         self.optimizer = torch.optim.SGD(
             self.model.parameters(),

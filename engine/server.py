@@ -25,9 +25,14 @@ import torch
 from torch import nn
 
 from engine import rng as rngs
-from engine.client import PartialSum, flatten_params, load_flat_, reduce_partials
+from engine.client import (
+    PartialSum,
+    flatten_params,
+    init_process_model,
+    load_flat_,
+    reduce_partials,
+)
 from engine.data.federated import FederatedDataset
-from engine.models import build_model
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
 from engine.privacy.mechanisms import privatize_sum
 
@@ -85,9 +90,7 @@ class Server:
     def __init__(self, dataset: FederatedDataset, spec: ServerSpec) -> None:
         self.dataset = dataset
         self.spec = spec
-        torch.set_num_threads(max(1, int(spec.num_threads)))
-        init = rngs.torch_gen(spec.seed, rngs.MODEL_INIT)
-        self.model = build_model(spec.model_name, dataset.input_shape, dataset.num_classes, init)
+        self.model = init_process_model(spec.seed, spec.model_name, dataset, spec.num_threads)
         self.weights = flatten_params(self.model)  # float32 (d,)
         self.tracker = (
             EpsilonTracker(spec.noise_multiplier, spec.sampling, spec.delta, spec.accountant)

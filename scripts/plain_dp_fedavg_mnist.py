@@ -34,6 +34,7 @@ Procedure:
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import time
@@ -43,6 +44,8 @@ import numpy as np
 import torch
 from dp_accounting import rdp
 from torch import nn
+
+logging.getLogger("absl").setLevel(logging.ERROR)  # RDP's benign non-convergence notes
 
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081

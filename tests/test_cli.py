@@ -12,14 +12,44 @@ from engine.cli import main
 
 
 def test_privacy_calibrates_and_accounts(capsys) -> None:
-    assert main(["privacy", "--epsilon", "4", "--delta", "0.002", "--sampling-rate", "0.1",
-                 "--rounds", "300", "--json"]) == 0
+    assert (
+        main(
+            [
+                "privacy",
+                "--epsilon",
+                "4",
+                "--delta",
+                "0.002",
+                "--sampling-rate",
+                "0.1",
+                "--rounds",
+                "300",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["noise_multiplier"] == pytest.approx(1.6882, abs=2e-4)  # notes: RDP 1.6882
     assert out["epsilon"] <= 4
     assert out["noise_multiplier"] == pytest.approx(calibrate_noise(4, 0.002, 0.1, 300))
-    assert main(["privacy", "--noise-multiplier", "0.95", "--delta", "0.002",
-                 "--sampling-rate", "0.1", "--rounds", "200", "--json"]) == 0
+    assert (
+        main(
+            [
+                "privacy",
+                "--noise-multiplier",
+                "0.95",
+                "--delta",
+                "0.002",
+                "--sampling-rate",
+                "0.1",
+                "--rounds",
+                "200",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["epsilon"] == pytest.approx(8.5786, abs=1e-3)
     assert out["epsilon"] == epsilon(0.95, 0.1, 200, 0.002)
@@ -27,8 +57,12 @@ def test_privacy_calibrates_and_accounts(capsys) -> None:
 
 
 def test_privacy_errors_exit_2_with_one_line(capsys) -> None:
-    assert main(["privacy", "--epsilon", "4", "--delta", "2", "--sampling-rate", "0.1",
-                 "--rounds", "3"]) == 2
+    assert (
+        main(
+            ["privacy", "--epsilon", "4", "--delta", "2", "--sampling-rate", "0.1", "--rounds", "3"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("dpfl: error: --delta=2") and "\n" not in err
 

@@ -31,8 +31,10 @@ from engine.simulate import prepare
         (["model.name=transformer"], "model.name"),
         (["algorithm=dp_magic"], "algorithm"),
         (["sampling.max_cohort=50", "privacy.accountant=rdp"], "privacy.accountant"),
-        (["sampling.mode=fixed", "sampling.cohort_size=10", "privacy.accountant=pld"],
-         "privacy.accountant"),
+        (
+            ["sampling.mode=fixed", "sampling.cohort_size=10", "privacy.accountant=pld"],
+            "privacy.accountant",
+        ),
     ],
 )
 def test_invalid_values_name_the_key(overrides: list[str], key: str) -> None:

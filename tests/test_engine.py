@@ -17,16 +17,31 @@ from engine.privacy.accounting import SamplingSpec, compute_epsilon, default_del
 from engine.simulate import simulate
 
 REQUIRED = {
-    "round", "algorithm", "dataset", "seed", "test_accuracy", "test_loss", "epsilon", "delta",
-    "noise_multiplier", "clip_norm", "sampling_rate", "cohort_size", "wall_time_s",
-    "mean_update_norm_nonprivate", "clipped_fraction_nonprivate", "sampling", "adjacency",
+    "round",
+    "algorithm",
+    "dataset",
+    "seed",
+    "test_accuracy",
+    "test_loss",
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "clip_norm",
+    "sampling_rate",
+    "cohort_size",
+    "wall_time_s",
+    "mean_update_norm_nonprivate",
+    "clipped_fraction_nonprivate",
+    "sampling",
+    "adjacency",
     "accountant",
 }
 
 
 def test_rounds_columns_and_epsilon_from_accountant(small_overrides, tmp_path) -> None:
-    cfg = load_config(overrides=[*small_overrides, "privacy.noise_multiplier=1.2",
-                                 f"out={tmp_path}/run"])
+    cfg = load_config(
+        overrides=[*small_overrides, "privacy.noise_multiplier=1.2", f"out={tmp_path}/run"]
+    )
     res = simulate(cfg)
     df = pd.read_parquet(tmp_path / "run" / "rounds.parquet")
     assert REQUIRED <= set(df.columns)
@@ -53,13 +68,23 @@ def test_dp_fedavg_with_no_noise_and_no_clip_is_fedavg(small_overrides) -> None:
     common = [*small_overrides, "sampling.mode=fixed", "sampling.cohort_size=8", "rounds=3"]
     fedavg = simulate(load_config(overrides=[*common, "algorithm=fedavg"]), write=False)
     dp = simulate(
-        load_config(overrides=[*common, "algorithm=dp_fedavg", "privacy.noise_multiplier=0",
-                               "privacy.clip_norm=.inf"]),
+        load_config(
+            overrides=[
+                *common,
+                "algorithm=dp_fedavg",
+                "privacy.noise_multiplier=0",
+                "privacy.clip_norm=.inf",
+            ]
+        ),
         write=False,
     )
     assert np.array_equal(fedavg.weights, dp.weights)  # bit for bit
-    assert not np.array_equal(fedavg.weights, simulate(
-        load_config(overrides=[*common, "algorithm=fedavg", "seed=1"]), write=False).weights)
+    assert not np.array_equal(
+        fedavg.weights,
+        simulate(
+            load_config(overrides=[*common, "algorithm=fedavg", "seed=1"]), write=False
+        ).weights,
+    )
 
 
 def test_same_seed_same_result_other_seed_differs(small_overrides) -> None:
@@ -90,8 +115,14 @@ def test_result_does_not_depend_on_client_order(small_overrides) -> None:
 
 def test_empty_poisson_cohort_is_a_pure_noise_round(small_overrides) -> None:
     # q so small that the first rounds sample nobody: the model still moves (noise).
-    cfg = load_config(overrides=[*small_overrides, "sampling.rate=0.001",
-                                 "privacy.noise_multiplier=1.0", "rounds=2"])
+    cfg = load_config(
+        overrides=[
+            *small_overrides,
+            "sampling.rate=0.001",
+            "privacy.noise_multiplier=1.0",
+            "rounds=2",
+        ]
+    )
     res = simulate(cfg, write=False)
     assert (res.rounds["realised_cohort_size_nonprivate"] == 0).all()
     assert np.isfinite(res.weights).all()
@@ -103,8 +134,15 @@ def test_empty_poisson_cohort_is_a_pure_noise_round(small_overrides) -> None:
 
 
 def test_nonfinite_update_is_zeroed_and_counted(small_overrides) -> None:
-    cfg = load_config(overrides=[*small_overrides, "local.lr=1e30", "privacy.noise_multiplier=0",
-                                 "rounds=1", "sampling.rate=1.0"])
+    cfg = load_config(
+        overrides=[
+            *small_overrides,
+            "local.lr=1e30",
+            "privacy.noise_multiplier=0",
+            "rounds=1",
+            "sampling.rate=1.0",
+        ]
+    )
     res = simulate(cfg, write=False)
     row = res.rounds.iloc[0]
     assert row["nonfinite_updates_nonprivate"] > 0
@@ -141,8 +179,15 @@ def test_load_flat_copies_instead_of_aliasing() -> None:
 
 def test_dp_training_learns_on_synthetic() -> None:
     """A real private run improves test accuracy well above chance (10 classes)."""
-    cfg = load_config(overrides=["ray.executor=local", "rounds=30", "eval.every=30",
-                                 "dataset.num_clients=600", "privacy.epsilon=8"])
+    cfg = load_config(
+        overrides=[
+            "ray.executor=local",
+            "rounds=30",
+            "eval.every=30",
+            "dataset.num_clients=600",
+            "privacy.epsilon=8",
+        ]
+    )
     res = simulate(cfg, write=False)
     assert res.final_accuracy > 0.25
     assert res.final_epsilon <= 8

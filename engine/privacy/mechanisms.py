@@ -36,17 +36,38 @@ def sanitize_nonfinite(update: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return torch.zeros_like(update), True
 
 
+def _peak_and_unit_norm(update: torch.Tensor) -> tuple[float, float]:
+    """(max |x|, ‖x / max |x|‖) in float64: the norm is their product, and neither
+    factor overflows even when the norm itself exceeds the float64 range."""
+    x = update.double()
+    peak = float(x.abs().max()) if x.numel() else 0.0
+    if peak == 0.0:
+        return 0.0, 0.0
+    return peak, float(torch.linalg.vector_norm(x / peak))
+
+
 def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
     """Sanitise then scale ``update`` to L2 norm at most ``clip_norm``.
 
+    The scaling is computed in float64 from the update divided by its largest entry
+    (no overflow or subnormal scale factors), and re-checked after the cast back to
+    the input dtype, so ‖result‖ ≤ C holds exactly even for huge float32 updates.
     ``clip_norm = inf`` leaves every finite update bit-for-bit unchanged.
     """
     update, nonfinite = sanitize_nonfinite(update)
-    norm = float(torch.linalg.vector_norm(update.double()))
-    if math.isfinite(clip_norm) and norm > clip_norm:
-        scale = clip_norm / norm
-        return ClipResult(update * scale, norm, True, nonfinite)
-    return ClipResult(update, norm, False, nonfinite)
+    peak, unit_norm = _peak_and_unit_norm(update)
+    norm = peak * unit_norm  # may be inf for float64 updates near the range limit
+    if not (math.isfinite(clip_norm) and norm > clip_norm):
+        return ClipResult(update, norm, False, nonfinite)
+    scaled = (update.double() / peak) * (clip_norm / unit_norm)
+    out = scaled.to(update.dtype)
+    for _ in range(8):  # rounding of the cast can leave the norm a few ulps above C
+        after = float(torch.linalg.vector_norm(out.double()))
+        if after <= clip_norm:
+            break
+        scaled = scaled * (clip_norm / after) * (1.0 - 1e-6)
+        out = scaled.to(update.dtype)
+    return ClipResult(out, norm, True, nonfinite)
 
 
 def gaussian_noise(

@@ -12,39 +12,54 @@ pytestmark = pytest.mark.ray
 
 
 def _cfg(small_overrides, *extra: str):
-    return load_config(overrides=[*small_overrides, "privacy.noise_multiplier=0.8",
-                                  "model.name=mlp", *extra])
+    return load_config(
+        overrides=[*small_overrides, "privacy.noise_multiplier=0.8", "model.name=mlp", *extra]
+    )
 
 
 def test_ray_equals_in_process_bit_for_bit(ray_session, small_overrides) -> None:
-    extra = ("ray.num_workers=2", "ray.num_cpus_per_worker=0.5",
-             "ray.num_gpus_per_worker=0.5")  # fractional-GPU path (a fake GPU in CI)
+    extra = (
+        "ray.num_workers=2",
+        "ray.num_cpus_per_worker=0.5",
+        "ray.num_gpus_per_worker=0.5",
+    )  # fractional-GPU path (a fake GPU in CI)
     local = simulate(_cfg(small_overrides, *extra), write=False)
     on_ray = simulate(_cfg(small_overrides, *extra, "ray.executor=ray"), write=False)
     assert np.array_equal(local.weights, on_ray.weights)
-    cols = ["epsilon", "test_accuracy", "realised_cohort_size_nonprivate",
-            "clipped_fraction_nonprivate"]
+    cols = [
+        "epsilon",
+        "test_accuracy",
+        "realised_cohort_size_nonprivate",
+        "clipped_fraction_nonprivate",
+    ]
     assert local.rounds[cols].equals(on_ray.rounds[cols])
 
 
 def test_worker_count_changes_only_float_rounding(ray_session, small_overrides) -> None:
     """Client randomness is keyed by (seed, round, client): which worker trains which
     client changes the summation order only."""
-    one = simulate(_cfg(small_overrides, "ray.executor=ray", "ray.num_workers=1",
-                        "ray.num_cpus_per_worker=1"), write=False)
-    two = simulate(_cfg(small_overrides, "ray.executor=ray", "ray.num_workers=2",
-                        "ray.num_cpus_per_worker=1"), write=False)
+    one = simulate(
+        _cfg(small_overrides, "ray.executor=ray", "ray.num_workers=1", "ray.num_cpus_per_worker=1"),
+        write=False,
+    )
+    two = simulate(
+        _cfg(small_overrides, "ray.executor=ray", "ray.num_workers=2", "ray.num_cpus_per_worker=1"),
+        write=False,
+    )
     np.testing.assert_allclose(one.weights, two.weights, rtol=1e-5, atol=1e-6)
     assert list(one.rounds["realised_cohort_size_nonprivate"]) == list(
-        two.rounds["realised_cohort_size_nonprivate"])
+        two.rounds["realised_cohort_size_nonprivate"]
+    )
 
 
-def test_unschedulable_workers_fail_with_clear_error(ray_session, small_overrides,
-                                                     monkeypatch) -> None:
+def test_unschedulable_workers_fail_with_clear_error(
+    ray_session, small_overrides, monkeypatch
+) -> None:
     from engine import executors
 
     monkeypatch.setattr(executors, "ACTOR_START_TIMEOUT_S", 3.0)
-    cfg = _cfg(small_overrides, "ray.executor=ray", "ray.num_workers=2",
-               "ray.num_gpus_per_worker=0.9")  # 1.8 GPUs on a 1-GPU cluster
+    cfg = _cfg(
+        small_overrides, "ray.executor=ray", "ray.num_workers=2", "ray.num_gpus_per_worker=0.9"
+    )  # 1.8 GPUs on a 1-GPU cluster
     with pytest.raises(RuntimeError, match=r"ray\.num_workers=2 .* could not all start"):
         simulate(cfg, write=False)

@@ -74,7 +74,7 @@ def test_notes_reference_values_rounded():
     assert round(compute_epsilon(1.0, poisson(0.04), 1000, 1 / 3400), 4) == 7.6566
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     eps=st.floats(0.5, 20.0),
     q=st.floats(0.01, 0.5),
@@ -119,9 +119,7 @@ def test_fixed_size_sampling_is_replace_one_with_half_multiplier():
 
     acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     acc.compose(
-        dp_accounting.SampledWithoutReplacementDpEvent(
-            n, m, dp_accounting.GaussianDpEvent(z / 2)
-        ),
+        dp_accounting.SampledWithoutReplacementDpEvent(n, m, dp_accounting.GaussianDpEvent(z / 2)),
         rounds,
     )
     assert ours == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
