@@ -33,6 +33,7 @@ from engine.privacy.accounting import (
     default_delta,
 )
 from engine.results import RoundWriter, write_json
+from engine.server import ServerSpec
 
 
 @dataclass(frozen=True)
@@ -174,8 +175,6 @@ def make_executor(prep: Prepared, run_name: str = "dpfl") -> Executor:
         clip_norm=plan.clip_norm if plan.private else math.inf,
         num_threads=threads,
     )
-    from engine.server import ServerSpec
-
     server = ServerSpec(
         seed=cfg.seed,
         model_name=cfg.model.name,
