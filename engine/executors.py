@@ -19,12 +19,14 @@ server without passing through the driver.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Protocol
 
 import numpy as np
 
 from engine.client import ClientWorker, LocalSpec, shard_cohort
+from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
 from engine.server import Server, ServerSpec
 
@@ -96,8 +98,19 @@ class RayExecutor:
                     kwargs["include_dashboard"] = include_dashboard
                 if ray_cfg.object_store_memory_mb:
                     kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
-            ray.init(**kwargs)
+            try:
+                context = ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                if ray_cfg.address:
+                    raise ConfigError(
+                        f"ray.address={ray_cfg.address!r}: cannot attach to a Ray cluster "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                    ) from None
+                raise
             self._owns_ray = True
+            url = getattr(context, "dashboard_url", None)
+            if url:
+                print(f"Ray dashboard: http://{url}", file=sys.stderr)
         data_ref = ray.put(dataset)
         worker_cls = ray.remote(ClientWorker)
         server_cls = ray.remote(Server)
