@@ -1,28 +1,35 @@
 """Client-side work: local training of a shard of the cohort into one partial sum.
 
 A :class:`ClientWorker` is created once per worker process (a Ray actor, or in
-process). It builds the model once and, for each client, copies the global weights
-into it, trains locally, forms the update Δ_i = w_i − x^t, sanitises and clips it
-(ALGORITHMS.md §0 rule 2) and adds it to the shard's sum. Only that sum (plus counts
-and non-private diagnostics) leaves the worker: one vector per worker per round.
+process). It builds the model and the recipe's pipeline once and, for each client,
+copies the global weights in, runs the local steps (step rule, regularizer,
+constraint; a personal head first for DP²-FedSAM), forms Δ_i = w_i − x^t, applies
+the client transforms, then sanitises and clips the whole update to C (ALGORITHMS.md
+§0 rule 2) and adds it to the shard's sum. Only that sum, counts and non-private
+diagnostics leave the worker: one vector per worker per round. Personal heads never
+leave: they are zeroed in Δ and kept in this worker's client-state store.
 
-Randomness (minibatch order) comes from streams keyed by (seed, round, client), so a
-client's update does not depend on which worker trains it or in what order.
+Randomness (minibatch order, client-side noise) comes from streams keyed by
+(seed, round, client); clients are assigned to workers by ``client % num_workers``,
+so a client's state lives where the client is trained.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from algorithms import build_pipeline
 from engine import rng as rngs
+from engine.client_state import ClientStateStore
 from engine.data.federated import FederatedDataset
 from engine.models import build_model
-from engine.privacy.mechanisms import clip_update
+from engine.privacy.mechanisms import clip_update, gaussian_noise
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,14 @@ class LocalSpec:
     lr_decay: float
     momentum: float
     weight_decay: float
-    clip_norm: float  # math.inf for non-private FedAvg
+    clip_norm: float  # math.inf for non-private recipes
     num_threads: int = 1
+    algorithm: str = "dp_fedavg"
+    algo: Any = None  # engine.config.AlgoConfig
+    noise_multiplier: float = 0.0
+    denominator: float = 1.0
+    steps: int | None = None  # exactly this many local steps per client (public K)
+    state_dir: str | None = None
 
 
 @dataclass
@@ -56,6 +69,7 @@ class PartialSum:
     num_nonfinite: int = 0
     loss_sum: float = 0.0
     num_steps: int = 0
+    max_clipped_norm: float = 0.0  # largest norm after clipping (contract checks)
 
 
 def flatten_params(model: nn.Module) -> torch.Tensor:
@@ -77,6 +91,20 @@ def load_flat_(model: nn.Module, flat: torch.Tensor) -> None:
         raise ValueError(f"flat vector has {flat.numel()} entries, model has {offset}")
 
 
+def personal_mask(model: nn.Module, layers: int) -> torch.Tensor:
+    """Bool mask over the flat parameters of the last ``layers`` Linear modules."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if layers > len(linears):
+        raise ValueError(f"algo.personal_layers={layers}: the model has {len(linears)} Linear")
+    head = {id(p) for m in linears[-layers:] for p in m.parameters()}
+    parts = [
+        torch.full((p.numel(),), id(p) in head, dtype=torch.bool)
+        for p in model.parameters()
+        if p.requires_grad
+    ]
+    return torch.cat(parts)
+
+
 def reduce_partials(partials: list[PartialSum], dim: int) -> PartialSum:
     """Sum partials in the given (shard) order — the one reduction every executor uses."""
     total = PartialSum(update_sum=np.zeros(dim, np.float64), num_clients=0)
@@ -88,12 +116,17 @@ def reduce_partials(partials: list[PartialSum], dim: int) -> PartialSum:
         total.num_nonfinite += p.num_nonfinite
         total.loss_sum += p.loss_sum
         total.num_steps += p.num_steps
+        total.max_clipped_norm = max(total.max_clipped_norm, p.max_clipped_norm)
     return total
 
 
 def shard_cohort(cohort: np.ndarray, num_shards: int) -> list[np.ndarray]:
-    """Split the (sorted) cohort into ``num_shards`` contiguous, near-equal shards."""
-    return [np.asarray(s, dtype=np.int64) for s in np.array_split(np.sort(cohort), num_shards)]
+    """Shard k holds the cohort's clients c with c % num_shards == k, ascending.
+
+    Sticky: a client is always trained by the same worker, where its state lives.
+    """
+    cohort = np.sort(np.asarray(cohort, dtype=np.int64))
+    return [cohort[cohort % num_shards == k] for k in range(num_shards)]
 
 
 def init_process_model(
@@ -106,62 +139,208 @@ def init_process_model(
     return build_model(model_name, dataset.input_shape, dataset.num_classes, init)
 
 
+def batch_to_tensors(dataset: FederatedDataset, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
+    batch = np.sort(idx)
+    x = torch.from_numpy(np.ascontiguousarray(dataset.x_train[batch]))
+    y = torch.from_numpy(np.ascontiguousarray(dataset.y_train[batch]))
+    return x, y
+
+
 class ClientWorker:
     """Trains clients of a shard and returns their summed clipped updates."""
 
     def __init__(self, dataset: FederatedDataset, spec: LocalSpec) -> None:
+        from engine.config import AlgoConfig
+
         self.dataset = dataset
         self.spec = spec
         self.model = init_process_model(spec.seed, spec.model_name, dataset, spec.num_threads)
         self.model.train()
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=spec.lr,
-            momentum=spec.momentum,
-            weight_decay=spec.weight_decay,
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.shapes = [tuple(p.shape) for p in self.params]
+        self.pipeline = build_pipeline(
+            spec.algorithm, spec.algo or AlgoConfig(), spec.clip_norm, spec.noise_multiplier
         )
         self.loss_fn = nn.CrossEntropyLoss()
+        self.head_mask: torch.Tensor | None = None
+        if self.pipeline.personal is not None:
+            self.head_mask = personal_mask(self.model, self.pipeline.personal.layers)
+        self.state = ClientStateStore(spec.state_dir)
 
     def ping(self) -> int:
-        return int(sum(p.numel() for p in self.model.parameters()))
+        return int(sum(p.numel() for p in self.params))
+
+    # ------------------------------------------------------------------ batches
+    def _batches(self, rnd: int, client: int, steps: int | None, epochs: int):
+        """Minibatch index arrays: ``epochs`` shuffled passes, or exactly ``steps``."""
+        idx = self.dataset.client_train[client]
+        n, bs = len(idx), self.spec.batch_size
+        if n == 0:
+            return
+        gen = rngs.torch_gen(self.spec.seed, rngs.CLIENT_DATA, rnd, client)
+        done, passes = 0, 0
+        while True:
+            order = idx[torch.randperm(n, generator=gen).numpy()]
+            for start in range(0, n, bs):
+                yield order[start : start + bs]
+                done += 1
+                if steps is not None and done >= steps:
+                    return
+            passes += 1
+            if steps is None and passes >= epochs:
+                return
+
+    def _run_steps(self, params, step_rule, batches, anchor, public, lr, plain: bool) -> tuple:
+        spec, pipe = self.spec, self.pipeline
+        opt = torch.optim.SGD(
+            params,
+            lr=lr,
+            momentum=0.0 if plain else spec.momentum,
+            weight_decay=0.0 if plain else spec.weight_decay,
+        )
+        loss_sum, steps = 0.0, 0
+        for b in batches:
+            x, y = batch_to_tensors(self.dataset, b)
+
+            def closure(x=x, y=y) -> torch.Tensor:
+                loss = self.loss_fn(self.model(x), y)
+                if pipe.regularizer is not None:
+                    loss = loss + pipe.regularizer.loss(self.params, anchor)
+                return loss
+
+            loss, grads = step_rule.gradients(params, closure, public)
+            for p, g in zip(params, grads):
+                p.grad = g
+            opt.step()
+            if pipe.constraint is not None:
+                pipe.constraint.project_(self.params, anchor)
+            loss_sum += float(loss)
+            steps += 1
+        return loss_sum, steps
+
+    def _local_gradient(self, client: int) -> torch.Tensor:
+        """Gradient of the client's mean training loss at the current local model."""
+        from algorithms.pieces.steps import gradients
+
+        idx = self.dataset.client_train[client]
+        total = [torch.zeros_like(p) for p in self.params]
+        for s in range(0, len(idx), 256):
+            x, y = batch_to_tensors(self.dataset, idx[s : s + 256])
+            _, g = gradients(self.params, lambda x=x, y=y: self.loss_fn(self.model(x), y))
+            for t, gi in zip(total, g):
+                t.add_(gi, alpha=len(y) / max(len(idx), 1))
+        return torch.cat([t.reshape(-1) for t in total])
 
     def _train_one(
-        self, global_flat: torch.Tensor, rnd: int, client: int
+        self, global_flat: torch.Tensor, rnd: int, client: int, public: dict | None = None
     ) -> tuple[torch.Tensor, float, int]:
-        """Local SGD for ``client`` from ``global_flat``; returns (Δ, loss sum, steps)."""
-        spec = self.spec
-        load_flat_(self.model, global_flat)
-        self.optimizer.state.clear()
-        lr = spec.lr * spec.lr_decay**rnd
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        idx = self.dataset.client_train[client]
-        n = len(idx)
-        gen = rngs.torch_gen(spec.seed, rngs.CLIENT_DATA, rnd, client)
-        loss_sum, steps = 0.0, 0
-        for _ in range(spec.epochs):
-            order = idx[torch.randperm(n, generator=gen).numpy()] if n else idx
-            for start in range(0, n, spec.batch_size):
-                batch = np.sort(order[start : start + spec.batch_size])
-                x = torch.from_numpy(np.ascontiguousarray(self.dataset.x_train[batch]))
-                y = torch.from_numpy(np.ascontiguousarray(self.dataset.y_train[batch]))
-                self.optimizer.zero_grad(set_to_none=True)
-                loss = self.loss_fn(self.model(x), y)
-                loss.backward()
-                self.optimizer.step()
-                loss_sum += float(loss.detach())
-                steps += 1
-        return flatten_params(self.model) - global_flat, loss_sum, steps
+        """Local training of ``client`` from ``global_flat``; returns (Δ, loss sum, steps)."""
+        from algorithms.pipeline import SGDStep
 
-    def train_shard(self, global_weights: np.ndarray, rnd: int, clients: np.ndarray) -> PartialSum:
+        spec, pipe = self.spec, self.pipeline
+        public = dict(public or {})
+        load_flat_(self.model, global_flat)
+        anchor = [p.detach().clone() for p in self.params]
+        lr = spec.lr * spec.lr_decay**rnd
+        personal = pipe.personal
+        loss_sum, steps = 0.0, 0
+        if personal is not None:
+            assert self.head_mask is not None
+            saved = self.state.get(client)
+            if saved is not None:
+                flat = flatten_params(self.model)
+                flat[self.head_mask] = saved
+                load_flat_(self.model, flat)
+            head = self._select(self.head_mask, True)
+            body = self._select(self.head_mask, False)
+            n_batches = math.ceil(len(self.dataset.client_train[client]) / spec.batch_size)
+            hs = personal.head_steps or n_batches
+            ls, st = self._run_steps(
+                head, SGDStep(), self._batches(rnd, client, hs, 1), anchor, public, lr, False
+            )
+            bsteps = personal.body_steps or spec.steps
+            ls2, st2 = self._run_steps(
+                body,
+                pipe.step,
+                self._batches(rnd, client, bsteps, spec.epochs),
+                anchor,
+                public,
+                lr,
+                False,
+            )
+            loss_sum, steps = ls + ls2, st + st2
+        else:
+            loss_sum, steps = self._run_steps(
+                self.params,
+                pipe.step,
+                self._batches(rnd, client, spec.steps, spec.epochs),
+                anchor,
+                public,
+                lr,
+                pipe.plain_sgd,
+            )
+        delta = flatten_params(self.model) - global_flat
+        if self.head_mask is not None:
+            self.state.put(client, flatten_params(self.model)[self.head_mask].clone())
+            delta[self.head_mask] = 0.0  # the head never leaves the client
+        ctx = {
+            "g_tilde": public.get("g_tilde"),
+            "steps": steps,
+            "lr": lr,
+            "randk_mask": public.get("randk_mask"),
+            "local_gradient": lambda: self._local_gradient(client),
+        }
+        for t in pipe.client_transforms:
+            delta = t.apply(delta, ctx)
+        return delta, loss_sum, steps
+
+    def _select(self, mask: torch.Tensor, value: bool) -> list[torch.Tensor]:
+        out, offset = [], 0
+        for p in self.params:
+            n = p.numel()
+            if bool(mask[offset]) == value:
+                out.append(p)
+            offset += n
+        return out
+
+    def public_context(self, rnd: int, public: dict | None) -> dict:
+        """Tensors of the round's public state (g̃, the rand-k mask)."""
+        ctx: dict[str, Any] = {}
+        g = (public or {}).get("g_tilde")
+        if g is not None:
+            gt = torch.as_tensor(np.array(g, dtype=np.float32))
+            ctx["g_tilde"] = gt
+            ctx["g_tilde_list"] = list(torch.split(gt, [math.prod(s) for s in self.shapes]))
+            ctx["g_tilde_list"] = [t.view(s) for t, s in zip(ctx["g_tilde_list"], self.shapes)]
+        rk = self.pipeline.randk
+        if rk is not None:
+            d = sum(math.prod(s) for s in self.shapes)
+            ctx["randk_mask"] = rk.mask(d, rngs.torch_gen(self.spec.seed, rngs.SERVER_PUBLIC, rnd))
+        return ctx
+
+    def train_shard(
+        self, global_weights: np.ndarray, rnd: int, clients: np.ndarray, public: dict | None = None
+    ) -> PartialSum:
         """Train each client of the shard in order and sum their clipped updates."""
         global_flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
+        ctx = self.public_context(rnd, public)
         total = torch.zeros(global_flat.numel(), dtype=torch.float64)
         out = PartialSum(update_sum=np.zeros(0), num_clients=0)
+        priv = self.pipeline.privatizer
         for c in np.asarray(clients, dtype=np.int64):
-            delta, loss_sum, steps = self._train_one(global_flat, rnd, int(c))
+            delta, loss_sum, steps = self._train_one(global_flat, rnd, int(c), ctx)
             res = clip_update(delta, self.spec.clip_norm)
-            total += res.update.double()
+            update = res.update.double()
+            out.max_clipped_norm = max(
+                out.max_clipped_norm, float(torch.linalg.vector_norm(update))
+            )
+            if priv is not None and priv.site == "client":
+                std = priv.noise_multiplier * priv.clip_norm / math.sqrt(self.spec.denominator)
+                noise = gaussian_noise(
+                    update.numel(), std, rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
+                )
+                update = update + noise * self.noise_support(ctx)
+            total += update
             out.num_clients += 1
             out.norm_sum += res.norm if math.isfinite(res.norm) else 0.0
             out.num_clipped += int(res.clipped)
@@ -170,3 +349,38 @@ class ClientWorker:
             out.num_steps += steps
         out.update_sum = total.numpy()
         return out
+
+    def noise_support(self, ctx: dict) -> torch.Tensor:
+        """1.0 where noise is added: all released coordinates, or the public rand-k mask."""
+        d = sum(math.prod(s) for s in self.shapes)
+        support = torch.ones(d, dtype=torch.float64)
+        if self.head_mask is not None:
+            support[self.head_mask] = 0.0
+        priv = self.pipeline.privatizer
+        if priv is not None and priv.noise_support == "public_mask":
+            support = support * ctx["randk_mask"].double()
+        return support
+
+    @torch.no_grad()
+    def personal_eval(self, global_weights: np.ndarray, clients: np.ndarray) -> tuple[int, int]:
+        """(correct, total) of each client's own head + global body on its held-out split."""
+        global_flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
+        correct, total = 0, 0
+        self.model.eval()
+        for c in np.asarray(clients, dtype=np.int64):
+            flat = global_flat.clone()
+            saved = self.state.get(int(c))
+            if saved is not None and self.head_mask is not None:
+                flat[self.head_mask] = saved
+            load_flat_(self.model, flat)
+            idx = self.dataset.client_test[int(c)]
+            for s in range(0, len(idx), 1024):
+                x, y = batch_to_tensors(self.dataset, idx[s : s + 1024])
+                correct += int((self.model(x).argmax(1) == y).sum())
+                total += len(y)
+        self.model.train()
+        return correct, total
+
+    def client_state(self) -> dict[int, np.ndarray]:
+        """A checkpointable copy of this worker's per-client state."""
+        return self.state.snapshot()

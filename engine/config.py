@@ -136,6 +136,7 @@ class SamplingConfig:
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     every: int = 5
+    membership_inference: bool = False
 
     def __post_init__(self) -> None:
         _check(self.every >= 1, "eval.every", self.every, "must be >= 1")
@@ -182,6 +183,7 @@ class PrivacyConfig:
 @dataclass(frozen=True, kw_only=True)
 class LocalConfig:
     epochs: int = 2
+    steps: int | None = None
     batch_size: int = 16
     lr: float = 0.1
     lr_decay: float = 1.0
@@ -190,11 +192,81 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "local.epochs", self.epochs, "must be >= 1")
+        _check(
+            self.steps is None or self.steps >= 1,
+            "local.steps",
+            self.steps,
+            "must be >= 1 (or null: local.epochs passes over the data)",
+        )
         _check(self.batch_size >= 1, "local.batch_size", self.batch_size, "must be >= 1")
         _check(self.lr > 0, "local.lr", self.lr, "must be > 0")
         _check(0 < self.lr_decay <= 1, "local.lr_decay", self.lr_decay, "must be in (0, 1]")
         _check(0 <= self.momentum < 1, "local.momentum", self.momentum, "must be in [0, 1)")
         _check(self.weight_decay >= 0, "local.weight_decay", self.weight_decay, "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgoConfig:
+    """Recipe hyperparameters; ``None`` means the recipe's (paper's) default."""
+
+    rho: float | None = None
+    asam: bool | None = None
+    beta: float | None = None
+    sigma_ls: float | None = None
+    ls_scope: str = "tensor"
+    sparsity: float | None = None
+    topk_site: str = "server"
+    randk_rescale: bool = False
+    blur_lambda: float | None = None
+    head_steps: int | None = None
+    body_steps: int | None = None
+    personal_layers: int = 1
+    noise_site: str = "server"
+    client_state: str = "memory"
+
+    def __post_init__(self) -> None:
+        for key in ("rho", "sigma_ls", "blur_lambda"):
+            v = getattr(self, key)
+            _check(v is None or v >= 0, f"algo.{key}", v, "must be >= 0")
+        _check(
+            self.beta is None or 0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]"
+        )
+        _check(
+            self.sparsity is None or 0 <= self.sparsity <= 1,
+            "algo.sparsity",
+            self.sparsity,
+            "must be in [0, 1]",
+        )
+        _check(
+            self.ls_scope in ("tensor", "model"),
+            "algo.ls_scope",
+            self.ls_scope,
+            "must be tensor or model",
+        )
+        _check(
+            self.topk_site in ("server", "client"),
+            "algo.topk_site",
+            self.topk_site,
+            "must be server (top-k of the noisy aggregate) or client (before clipping)",
+        )
+        for key in ("head_steps", "body_steps"):
+            v = getattr(self, key)
+            _check(v is None or v >= 1, f"algo.{key}", v, "must be >= 1")
+        _check(
+            self.personal_layers >= 1, "algo.personal_layers", self.personal_layers, "must be >= 1"
+        )
+        _check(
+            self.noise_site in ("server", "client"),
+            "algo.noise_site",
+            self.noise_site,
+            "must be server or client",
+        )
+        _check(
+            self.client_state in ("memory", "disk"),
+            "algo.client_state",
+            self.client_state,
+            "must be memory or disk",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,7 +308,22 @@ class RayConfig:
         )
 
 
-ALGORITHMS = ("fedavg", "dp_fedavg")
+ALGORITHMS = (
+    "fedavg",
+    "fedsam",
+    "dp_fedavg",
+    "dp_fedavg_blur",
+    "dp_fedavg_blur_lus",
+    "fedsmp_randk",
+    "fedsmp_topk",
+    "dp_fed_ls",
+    "dp_fedsam",
+    "dp_fedsam_topk",
+    "dp2_fedsam",
+    "dp_fedpgn",
+    "dp_fedpgn_ls",
+)
+NON_PRIVATE = ("fedavg", "fedsam")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,6 +338,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -306,7 +394,7 @@ class RunConfig:
 
     @property
     def is_private(self) -> bool:
-        return self.algorithm != "fedavg"
+        return self.algorithm not in NON_PRIVATE
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

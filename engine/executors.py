@@ -54,14 +54,23 @@ class LocalExecutor:
         self.server = Server(dataset, server_spec)
         self.worker = ClientWorker(dataset, local_spec)
         self.num_shards = num_shards
+        self.num_clients = dataset.num_clients
+        self.personal = self.worker.pipeline.personal is not None
 
     def run_round(self, rnd: int) -> dict:
-        cohort, weights = self.server.begin_round(rnd)
+        cohort, weights, public = self.server.begin_round(rnd)
         partials = [
-            self.worker.train_shard(weights, rnd, shard)
+            self.worker.train_shard(weights, rnd, shard, public)
             for shard in shard_cohort(cohort, self.num_shards)
         ]
-        return self.server.finish_round(rnd, *partials)
+        row = self.server.finish_round(rnd, *partials)
+        if self.personal and self.server.is_eval_round(rnd):
+            weights = self.server.get_weights()
+            correct, total = self.worker.personal_eval(weights, np.arange(self.num_clients))
+            row["personal_accuracy"] = correct / total if total else float("nan")
+        elif self.personal:
+            row["personal_accuracy"] = float("nan")
+        return row
 
     def weights(self) -> np.ndarray:
         return self.server.get_weights()
@@ -127,6 +136,15 @@ class RayExecutor:
             data_ref, server_spec
         )
         del data_ref
+        self._all_clients = np.arange(dataset.num_clients)
+        from algorithms import build_pipeline
+
+        self.personal = (
+            build_pipeline(
+                local_spec.algorithm, local_spec.algo, local_spec.clip_norm, 0.0
+            ).personal
+            is not None
+        )
         pings = [w.ping.remote() for w in self.workers] + [self.server.dim.remote()]
         ready, pending = ray.wait(pings, num_returns=len(pings), timeout=ACTOR_START_TIMEOUT_S)
         if pending:
@@ -142,14 +160,32 @@ class RayExecutor:
 
     def run_round(self, rnd: int) -> dict:
         ray = self._ray
-        cohort_ref, weights_ref = self.server.begin_round.options(num_returns=2).remote(rnd)
+        cohort_ref, weights_ref, public_ref = self.server.begin_round.options(num_returns=3).remote(
+            rnd
+        )
         cohort = ray.get(cohort_ref)
         shards = shard_cohort(cohort, len(self.workers))
         partial_refs = [
-            w.train_shard.remote(weights_ref, rnd, shard) for w, shard in zip(self.workers, shards)
+            w.train_shard.remote(weights_ref, rnd, shard, public_ref)
+            for w, shard in zip(self.workers, shards)
         ]
-        del weights_ref
-        return ray.get(self.server.finish_round.remote(rnd, *partial_refs))
+        del weights_ref, public_ref
+        row = ray.get(self.server.finish_round.remote(rnd, *partial_refs))
+        if self.personal:
+            row["personal_accuracy"] = float("nan")
+            if ray.get(self.server.is_eval_round.remote(rnd)):
+                weights_ref = self.server.get_weights.remote()
+                k = len(self.workers)
+                results = ray.get(
+                    [
+                        w.personal_eval.remote(weights_ref, self._all_clients[i::k])
+                        for i, w in enumerate(self.workers)
+                    ]
+                )
+                correct = sum(c for c, _ in results)
+                total = sum(t for _, t in results)
+                row["personal_accuracy"] = correct / total if total else float("nan")
+        return row
 
     def weights(self) -> np.ndarray:
         return np.array(self._ray.get(self.server.get_weights.remote()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from algorithms.recipes import build_pipeline, resolved_hyperparameters
 from engine import rng as rngs
 from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
@@ -106,6 +108,8 @@ class Prepared:
     config: RunConfig
     plan: PrivacyPlan
     dataset: FederatedDataset
+    pipeline: Any = None
+    steps: int | None = None  # public K, when fixed
 
 
 def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepared:
@@ -127,13 +131,48 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
             f"{dataset.num_clients} clients"
         )
     try:
-        build_model(config.model.name, dataset.input_shape, dataset.num_classes)
+        model = build_model(config.model.name, dataset.input_shape, dataset.num_classes)
     except ValueError as e:
         raise ConfigError(
             f"model.name={config.model.name!r} does not fit dataset.name="
             f"{config.dataset.name!r} (input {dataset.input_shape}): {e}"
         ) from None
-    return Prepared(config, plan, dataset)
+    try:
+        pipeline = build_pipeline(
+            config.algorithm, config.algo, plan.clip_norm, plan.noise_multiplier
+        )
+        validate_pipeline(pipeline, model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return Prepared(config, plan, dataset, pipeline, public_steps(config, pipeline, dataset))
+
+
+def validate_pipeline(pipeline, model) -> None:
+    """Check hyperparameters that need the model (sizes), before any training."""
+    from algorithms.pieces.sparsify import num_kept
+    from algorithms.pipeline import LUS, RandK, ServerTopK, TopK
+    from engine.client import flatten_params, personal_mask
+
+    d = int(flatten_params(model).numel())
+    for t in (*pipeline.client_transforms, *pipeline.server_transforms):
+        if isinstance(t, (TopK, RandK, ServerTopK)):
+            num_kept(d, t.fraction)
+        if isinstance(t, LUS) and not 0 <= t.sparsity < 1:
+            raise ValueError(f"algo.sparsity={t.sparsity}: LUS zeroes this fraction; use [0, 1)")
+    if pipeline.personal is not None:
+        personal_mask(model, pipeline.personal.layers)
+
+
+def public_steps(config: RunConfig, pipeline, dataset: FederatedDataset) -> int | None:
+    """K, the public number of local steps, when every client must run exactly K steps:
+    ``local.steps`` if set; for recipes that need a fixed K (PGN), the steps of
+    ``local.epochs`` passes over a client of median size (a public simulation choice)."""
+    if config.local.steps is not None:
+        return config.local.steps
+    if not pipeline.fixed_steps:
+        return None
+    median = float(np.median(dataset.client_sizes())) if dataset.num_clients else 1.0
+    return max(1, config.local.epochs * math.ceil(max(median, 1.0) / config.local.batch_size))
 
 
 @dataclass
@@ -160,7 +199,7 @@ def default_out_dir(config: RunConfig) -> Path:
     return Path("results") / f"{stamp}-{config.algorithm}"
 
 
-def make_executor(prep: Prepared, run_name: str = "dpfl") -> Executor:
+def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None = None) -> Executor:
     cfg, plan = prep.config, prep.plan
     threads = max(1, int(cfg.ray.num_cpus_per_worker))
     local = LocalSpec(
@@ -174,6 +213,12 @@ def make_executor(prep: Prepared, run_name: str = "dpfl") -> Executor:
         weight_decay=cfg.local.weight_decay,
         clip_norm=plan.clip_norm if plan.private else math.inf,
         num_threads=threads,
+        algorithm=cfg.algorithm,
+        algo=cfg.algo,
+        noise_multiplier=plan.noise_multiplier,
+        denominator=plan.sampling.denominator,
+        steps=prep.steps,
+        state_dir=state_dir,
     )
     server = ServerSpec(
         seed=cfg.seed,
@@ -188,6 +233,12 @@ def make_executor(prep: Prepared, run_name: str = "dpfl") -> Executor:
         eval_every=cfg.eval.every,
         rounds=cfg.rounds,
         num_threads=threads,
+        algorithm=cfg.algorithm,
+        algo=cfg.algo,
+        local_lr=cfg.local.lr,
+        lr_decay=cfg.local.lr_decay,
+        steps=prep.steps,
+        membership_inference=cfg.eval.membership_inference,
     )
     if cfg.ray.executor == "local":
         return LocalExecutor(prep.dataset, server, local, cfg.ray.num_workers)
@@ -237,6 +288,8 @@ def simulate(
         "adjacency": plan.summary()["adjacency"],
         "accountant": plan.summary()["accountant"],
         "epsilon_budget": plan.target_epsilon if plan.target_epsilon is not None else math.nan,
+        "local_steps": prep.steps if prep.steps is not None else math.nan,
+        **resolved_hyperparameters(prep.pipeline),
     }
     rows: list[dict[str, Any]] = []
     bar = None
@@ -244,7 +297,10 @@ def simulate(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=config.rounds, desc=config.algorithm, unit="round")
-    executor = make_executor(prep)
+    state_dir = None
+    if config.algo.client_state == "disk":
+        state_dir = str((out_dir if write else Path(tempfile.mkdtemp())) / "client_state")
+    executor = make_executor(prep, state_dir=state_dir)
     t0 = time.perf_counter()
     last_acc = math.nan
     try:

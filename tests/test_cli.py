@@ -67,10 +67,14 @@ def test_privacy_errors_exit_2_with_one_line(capsys) -> None:
     assert err.startswith("dpfl: error: --delta=2") and "\n" not in err
 
 
-def test_algorithms_lists_baselines(capsys) -> None:
+def test_algorithms_lists_every_recipe_once(capsys) -> None:
+    from algorithms import RECIPES
+    from engine.config import ALGORITHMS
+
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out] == ["fedavg", "dp_fedavg"]
+    assert [line.split()[0] for line in out] == list(RECIPES) == list(ALGORITHMS)
+    assert all(line.rstrip().endswith("]") for line in out)  # each names its paper
 
 
 def test_run_prints_accuracy_and_epsilon(capsys, small_overrides, tmp_path) -> None:

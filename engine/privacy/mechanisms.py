@@ -86,6 +86,7 @@ def privatize_sum(
     clip_norm: float,
     denominator: float,
     generator: torch.Generator,
+    support: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(Σ clipped Δ_i + N(0, (zC)² I)) / denominator, computed in float64.
 
@@ -95,6 +96,9 @@ def privatize_sum(
         clip_norm: C. Must be finite when z > 0.
         denominator: A public constant (m, or q·N for Poisson sampling).
         generator: The round's noise stream.
+        support: Optional 0/1 multiplier restricting where noise lands. It must be
+            public (a rand-k mask from the run's seed, or the shared/personal split):
+            a data-dependent support would reveal the data (ALGORITHMS.md §0 rule 4).
     """
     if denominator <= 0:
         raise ValueError(f"denominator={denominator} must be > 0")
@@ -102,8 +106,11 @@ def privatize_sum(
     if noise_multiplier > 0:
         if not math.isfinite(clip_norm):
             raise ValueError("noise with an infinite clip norm has no privacy meaning")
-        total = total + gaussian_noise(total.numel(), noise_multiplier * clip_norm, generator)
+        noise = gaussian_noise(total.numel(), noise_multiplier * clip_norm, generator)
     else:
         # Draw anyway so the noise stream position is the same for every z.
-        total = total + gaussian_noise(total.numel(), 0.0, generator)
+        noise = gaussian_noise(total.numel(), 0.0, generator)
+    if support is not None:
+        noise = noise * support.to(noise.dtype)
+    total = total + noise
     return total / denominator

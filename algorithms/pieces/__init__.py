@@ -1,0 +1,1 @@
+"""Small pure pieces that recipes are made of."""

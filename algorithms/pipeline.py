@@ -1,0 +1,267 @@
+"""Pieces as frozen dataclasses, and the :class:`Pipeline` a recipe assembles.
+
+The engine, not the recipe, fixes the order in which pieces act (see
+``engine.client`` and ``engine.server``)::
+
+    local steps (step rule + regularizer + constraint) → Δ → client transforms
+    → clip to C → sum → noise σC on the noise support → ÷ public denominator
+    → server transforms → server update → accountant composes the round's event
+
+so no recipe can clip after noising, and the σ that is accounted is the σ used.
+
+Privacy guard (ALGORITHMS.md §0 rule 4): noise always covers every released
+coordinate unless the only mask restricting it is *public* (drawn from the run's
+seed, identical for all clients: rand-k). A pipeline whose noise support would be
+decided by a data-dependent mask (top-k, LUS) is rejected at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from algorithms.pieces.regularizers import blur_loss
+from algorithms.pieces.smoothing import smooth_flat
+from algorithms.pieces.sparsify import apply_mask, keep_topk, lus_sparsify, randk_mask
+from algorithms.pieces.steps import gradients, pgn_gradients, sam_gradients
+
+Grads = list[torch.Tensor]
+
+# ----------------------------------------------------------------------- step rules
+
+
+@dataclass(frozen=True)
+class SGDStep:
+    """One plain gradient (the base optimizer applies it)."""
+
+    def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
+        return gradients(params, closure)
+
+
+@dataclass(frozen=True)
+class SAMStep:
+    """Sharpness-aware step: gradient at w + e, e = ρ g/‖g‖ (or the ASAM ball)."""
+
+    rho: float
+    asam: bool
+
+    def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
+        return sam_gradients(params, closure, self.rho, self.asam)
+
+
+@dataclass(frozen=True)
+class PGNStep:
+    """DP-FedPGN step: β∇F(w + ρ g̃/‖g̃‖) + (1 − β) g̃ with the public g̃ (ALGORITHMS §7)."""
+
+    beta: float
+    rho: float
+
+    def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
+        return pgn_gradients(
+            params, closure, beta=self.beta, rho=self.rho, g_tilde=public.get("g_tilde_list")
+        )
+
+
+# ------------------------------------------------------- regularizer and constraint
+
+
+@dataclass(frozen=True)
+class BLUR:
+    """(λ/2)·max(0, ‖w − x^t‖² − C²) added to the local loss (reaches autograd)."""
+
+    lam: float
+    clip_norm: float
+
+    def loss(self, params: Grads, anchor: Grads) -> torch.Tensor:
+        return blur_loss(params, anchor, self.lam, self.clip_norm)
+
+
+@dataclass(frozen=True)
+class BallProjection:
+    """DP-Fed-LS: after every local step project w onto the ball ‖w − x^t‖ ≤ radius."""
+
+    radius: float
+
+    @torch.no_grad()
+    def project_(self, params: Grads, anchor: Grads) -> None:
+        sq = sum(float(((p.double() - a.double()) ** 2).sum()) for p, a in zip(params, anchor))
+        norm = sq**0.5
+        if norm > self.radius:
+            scale = self.radius / norm * (1.0 - 1e-7)
+            for p, a in zip(params, anchor):
+                p.copy_(a + (p - a) * scale)
+
+
+# ------------------------------------------------- client transforms (before clip)
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Per-client top-k of |Δ| before clipping (data-dependent: noise stays on all d)."""
+
+    fraction: float
+    public_mask = False
+
+    def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        return keep_topk(delta, self.fraction)
+
+
+@dataclass(frozen=True)
+class RandK:
+    """Fed-SMP rand-k: keep the round's public random mask (same for all clients)."""
+
+    fraction: float
+    rescale: bool = False
+    public_mask = True
+
+    def mask(self, d: int, generator: torch.Generator) -> torch.Tensor:
+        return randk_mask(d, self.fraction, generator)
+
+    def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        return apply_mask(delta, ctx["randk_mask"], rescale=self.rescale)
+
+
+@dataclass(frozen=True)
+class LUS:
+    """Zero the fraction ``sparsity`` of Δ least important by |∂f/∂w · Δ| (before clip)."""
+
+    sparsity: float
+    public_mask = False
+
+    def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        return lus_sparsify(delta, ctx["local_gradient"](), self.sparsity)
+
+
+@dataclass(frozen=True)
+class PGNDriftRemoval:
+    """Δ̄ = Δ + (1 − β)·K·η·g̃: remove the public, deterministic drift before clipping."""
+
+    beta: float
+    public_mask = False
+
+    def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        g = ctx.get("g_tilde")
+        if g is None:
+            return delta
+        return delta + (1.0 - self.beta) * ctx["steps"] * ctx["lr"] * g
+
+
+# ------------------------------------------------------------------- privatizer
+
+
+@dataclass(frozen=True)
+class GaussianPrivatizer:
+    """Clip each update to C; add N(0, (zC)²) to the sum on the noise support.
+
+    ``site="server"`` draws the noise once centrally; ``site="client"`` has each of
+    the m (fixed) clients add N(0, (zC)²/m), which gives the same distribution of
+    the sum. ``noise_support`` is ``"all"`` or ``"public_mask"`` (rand-k only).
+    """
+
+    clip_norm: float
+    noise_multiplier: float
+    site: str = "server"
+    noise_support: str = "all"
+
+
+# ------------------------------------------------------------ server transforms
+
+
+@dataclass(frozen=True)
+class PGNDriftRestore:
+    """Add the drift back to the noisy mean: Δ = Δ̃ − (1 − β)·K·η·g̃ (post-processing)."""
+
+    beta: float
+
+    def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        g = ctx.get("g_tilde")
+        if g is None:
+            return avg
+        return avg - (1.0 - self.beta) * ctx["steps"] * ctx["lr"] * g.double()
+
+
+@dataclass(frozen=True)
+class LaplacianSmoothing:
+    """ṽ = (I + σ_ls L)⁻¹ v per tensor (or whole model) by FFT; post-processing."""
+
+    sigma_ls: float
+    scope: str = "tensor"
+
+    def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        return smooth_flat(avg, ctx["shapes"], self.sigma_ls, self.scope)
+
+
+@dataclass(frozen=True)
+class ServerTopK:
+    """Keep the p·d largest coordinates of the noisy aggregate (post-processing)."""
+
+    fraction: float
+
+    def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        return keep_topk(avg, self.fraction)
+
+
+@dataclass(frozen=True)
+class PGNDirection:
+    """g̃ ← −mean(Δ)/(ηK) (optionally smoothed); x ← x − γ g̃, γ = server.lr·η·K."""
+
+    smoothing: LaplacianSmoothing | None = None
+
+
+# --------------------------------------------------------------------- pipeline
+
+
+@dataclass(frozen=True)
+class PersonalSplit:
+    """DP²-FedSAM: the last ``layers`` Linear modules are a personal head that stays
+    on its client; ``head_steps`` SGD steps on the head, then ``body_steps`` steps of
+    the step rule on the shared body. Only the body's update is clipped and noised."""
+
+    layers: int = 1
+    head_steps: int | None = None
+    body_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The pieces of one method. The engine applies them in its fixed order."""
+
+    step: Any = field(default_factory=SGDStep)
+    regularizer: BLUR | None = None
+    constraint: BallProjection | None = None
+    client_transforms: tuple[Any, ...] = ()
+    privatizer: GaussianPrivatizer | None = None
+    server_transforms: tuple[Any, ...] = ()
+    server_update: PGNDirection | None = None
+    personal: PersonalSplit | None = None
+    fixed_steps: bool = False  # every client runs exactly K local steps (K public)
+    plain_sgd: bool = False  # ignore momentum/weight decay (PGN's drift assumes plain steps)
+
+    def __post_init__(self) -> None:
+        p = self.privatizer
+        if p is None:
+            return
+        if p.noise_support not in ("all", "public_mask"):
+            raise ValueError(f"noise_support={p.noise_support!r} must be all or public_mask")
+        if p.noise_support == "public_mask":
+            masks = [t for t in self.client_transforms if isinstance(t, (RandK, TopK, LUS))]
+            if not masks or not all(t.public_mask for t in masks):
+                raise ValueError(
+                    "invalid recipe: noise restricted to a mask that is not public; a "
+                    "data-dependent mask (top-k, LUS) deciding where noise is added would "
+                    "reveal the mask's support. Add noise on all coordinates, or use a "
+                    "public rand-k mask."
+                )
+
+    @property
+    def randk(self) -> RandK | None:
+        for t in self.client_transforms:
+            if isinstance(t, RandK):
+                return t
+        return None
+
+    @property
+    def needs_local_gradient(self) -> bool:
+        return any(isinstance(t, LUS) for t in self.client_transforms)
