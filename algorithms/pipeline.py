@@ -165,6 +165,15 @@ class GaussianPrivatizer:
     site: str = "server"
     noise_support: str = "all"
 
+    def dp_event(self, sampling):
+        """The DpEvent of one round (engine.privacy.accounting.SamplingSpec sampling).
+
+        Sensitivity of the clipped sum is C (add/remove; 2C under replace-one, which
+        the event accounts for), so the round is a sampled Gaussian with z."""
+        from engine.privacy.accounting import round_event
+
+        return round_event(self.noise_multiplier, sampling)
+
 
 # ------------------------------------------------------------ server transforms
 

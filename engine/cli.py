@@ -95,6 +95,27 @@ def _privacy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    import datetime as _dt
+    from pathlib import Path
+
+    from engine.compare import compare, format_table, parse_algorithms
+
+    config = load_config(args.config, args.set)
+    if args.executor:
+        from engine.config import replace
+
+        config = replace(config, **{"ray.executor": args.executor})
+    names = parse_algorithms(args.algorithms)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or f"results/compare-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    summary = compare(config, names, out, progress=not args.quiet)
+    print(format_table(summary))
+    print(f"results: {out}")
+    return 0
+
+
 def _algorithms(_: argparse.Namespace) -> int:
     from algorithms import RECIPES
 
@@ -131,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-cohort", type=int, help="cap on the Poisson cohort (PLD)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=_privacy)
+
+    cmp_ = sub.add_parser("compare", help="run several algorithms at one budget; one table")
+    cmp_.add_argument("--algorithms", "-a", default="all", help="all, or a,b,c")
+    cmp_.add_argument("--config", "-c", help="YAML file (a diff over the defaults)")
+    cmp_.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE")
+    cmp_.add_argument("--out", help="folder (default results/compare-<timestamp>)")
+    cmp_.add_argument("--executor", choices=["ray", "local"])
+    cmp_.add_argument("--quiet", "-q", action="store_true")
+    cmp_.set_defaults(func=_compare)
 
     al = sub.add_parser("algorithms", help="list the algorithms")
     al.set_defaults(func=_algorithms)

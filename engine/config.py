@@ -377,6 +377,13 @@ class RunConfig:
                 "give exactly one of privacy.epsilon and privacy.noise_multiplier "
                 f"(noise_multiplier={p.noise_multiplier!r})",
             )
+            if self.algo.noise_site == "client":
+                _check(
+                    s.mode == "fixed",
+                    "algo.noise_site",
+                    self.algo.noise_site,
+                    "client-side noise is exact only for sampling.mode=fixed (known m)",
+                )
             if s.max_cohort is not None:
                 _check(
                     p.accountant != "rdp",

@@ -95,3 +95,18 @@ def test_run_bad_key_exits_2(capsys) -> None:
     assert main(["run", "--set", "privacy.clip_norm=0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "dpfl: error: privacy.clip_norm=0.0: must be > 0"
+
+
+def test_compare_prints_one_table_best_first(capsys, small_overrides, tmp_path) -> None:
+    args = ["compare", "-q", "--algorithms", "fedavg,dp_fedavg", "--out", str(tmp_path / "c")]
+    for o in [*small_overrides, "privacy.noise_multiplier=5", "rounds=4"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    table = pd.read_parquet(tmp_path / "c" / "compare.parquet")
+    assert set(table["algorithm"]) == {"fedavg", "dp_fedavg"}
+    best = table.sort_values("final_accuracy", ascending=False)["algorithm"].iloc[0]
+    assert out[1].split()[0] == best  # first data row is the best
+    for name in ("fedavg", "dp_fedavg"):
+        assert (tmp_path / "c" / name / "rounds.parquet").is_file()
+    assert main(["compare", "--algorithms", "nope"]) == 2
