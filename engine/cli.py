@@ -116,6 +116,46 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}={text!r}: expected comma-separated numbers") from None
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from engine.compare import parse_algorithms
+    from tuning.experiment import run_tune
+
+    trials = run_tune(
+        args.config,
+        parse_algorithms(args.algorithms),
+        _floats(args.epsilons, "--epsilons"),
+        num_samples=args.num_samples,
+        search=args.search,
+        scheduler=args.scheduler,
+        metric=args.metric,
+        out=args.out,
+        resume=args.resume,
+        smoke_test=args.smoke_test,
+        overrides=args.set,
+    )
+    cols = [c for c in trials.columns if c.startswith(("final_", "best_"))]
+    print(trials[["algorithm", "epsilon_budget", "trial_id", "status", *cols]].to_string())
+    print(
+        f"results: {args.out} (each trial's epsilon excludes hyperparameter selection; "
+        f"dpfl report {args.out} gives the cost of releasing the best trial)"
+    )
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tuning.report import write_report
+
+    print(write_report(args.dir, metric=args.metric))
+    return 0
+
+
 def _algorithms(_: argparse.Namespace) -> int:
     from algorithms import RECIPES
 
@@ -161,6 +201,25 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--executor", choices=["ray", "local"])
     cmp_.add_argument("--quiet", "-q", action="store_true")
     cmp_.set_defaults(func=_compare)
+
+    tu = sub.add_parser("tune", help="hyperparameter search at fixed budgets (Ray Tune)")
+    tu.add_argument("--config", "-c", help="YAML: config diff plus an optional tune: section")
+    tu.add_argument("--algorithms", "-a", default="dp_fedavg", help="all, or a,b,c")
+    tu.add_argument("--epsilons", default="4", help="comma-separated budgets, e.g. 1,4,8")
+    tu.add_argument("--num-samples", type=int, default=4, help="trials per (algorithm, eps)")
+    tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
+    tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
+    tu.add_argument("--metric", default="test_accuracy")
+    tu.add_argument("--out", default="results/tune", help="experiment folder")
+    tu.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    tu.add_argument("--smoke-test", action="store_true", help="2 rounds, small data")
+    tu.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE")
+    tu.set_defaults(func=_tune)
+
+    rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
+    rp.add_argument("dir", help="a dpfl tune output folder")
+    rp.add_argument("--metric", default="test_accuracy")
+    rp.set_defaults(func=_report)
 
     al = sub.add_parser("algorithms", help="list the algorithms")
     al.set_defaults(func=_algorithms)

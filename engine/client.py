@@ -384,3 +384,6 @@ class ClientWorker:
     def client_state(self) -> dict[int, np.ndarray]:
         """A checkpointable copy of this worker's per-client state."""
         return self.state.snapshot()
+
+    def restore_client_state(self, state: dict[int, np.ndarray]) -> None:
+        self.state.restore(state)

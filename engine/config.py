@@ -185,7 +185,7 @@ class LocalConfig:
     epochs: int = 2
     steps: int | None = None
     batch_size: int = 16
-    lr: float = 0.1
+    lr: float = 0.3
     lr_decay: float = 1.0
     momentum: float = 0.0
     weight_decay: float = 0.0

@@ -38,6 +38,10 @@ class Executor(Protocol):
 
     def weights(self) -> np.ndarray: ...
 
+    def checkpoint(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -74,6 +78,14 @@ class LocalExecutor:
 
     def weights(self) -> np.ndarray:
         return self.server.get_weights()
+
+    def checkpoint(self) -> dict:
+        """Server state plus per-client state, enough to resume bit-identically."""
+        return {"server": self.server.state_dict(), "clients": self.worker.client_state()}
+
+    def restore(self, state: dict) -> None:
+        self.server.load_state_dict(state["server"])
+        self.worker.restore_client_state(state.get("clients", {}))
 
     def close(self) -> None:
         pass
@@ -189,6 +201,23 @@ class RayExecutor:
 
     def weights(self) -> np.ndarray:
         return np.array(self._ray.get(self.server.get_weights.remote()))
+
+    def checkpoint(self) -> dict:
+        ray = self._ray
+        clients: dict = {}
+        for part in ray.get([w.client_state.remote() for w in self.workers]):
+            clients.update(part)
+        return {"server": ray.get(self.server.state_dict.remote()), "clients": clients}
+
+    def restore(self, state: dict) -> None:
+        ray = self._ray
+        k = len(self.workers)
+        clients = state.get("clients", {})
+        calls = [self.server.load_state_dict.remote(state["server"])]
+        for i, w in enumerate(self.workers):
+            mine = {c: v for c, v in clients.items() if int(c) % k == i}
+            calls.append(w.restore_client_state.remote(mine))
+        ray.get(calls)
 
     def close(self) -> None:
         ray = self._ray

@@ -106,6 +106,21 @@ class Server:
     def dim(self) -> int:
         return int(self.weights.numel())
 
+    def state_dict(self) -> dict:
+        """Everything that evolves across rounds. RNG streams are keyed by (seed, round)
+        and ε is a function of the rounds done, so this is the whole server state."""
+        return {
+            "weights": self.weights.numpy().copy(),
+            "g_tilde": None if self.g_tilde is None else self.g_tilde.numpy().copy(),
+            "rounds_done": self.rounds_done,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weights = torch.from_numpy(np.array(state["weights"], dtype=np.float32))
+        g = state.get("g_tilde")
+        self.g_tilde = None if g is None else torch.from_numpy(np.array(g, dtype=np.float32))
+        self.rounds_done = int(state["rounds_done"])
+
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
 

@@ -13,6 +13,7 @@ import datetime as _dt
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,9 @@ def simulate(
     progress: bool = False,
     write: bool = True,
     dataset: FederatedDataset | None = None,
+    resume: dict | None = None,
+    on_round: Callable[[dict, Executor], None] | None = None,
+    run_name: str = "dpfl",
 ) -> SimulationResult:
     """Run one simulation and return its rounds as a DataFrame.
 
@@ -260,6 +264,10 @@ def simulate(
         write: Write ``config.json`` and ``rounds.parquet`` under ``config.out``
             (default ``results/<timestamp>-<algorithm>/``).
         dataset: Use this dataset instead of building one from ``config.dataset``.
+        resume: An ``Executor.checkpoint()`` to continue from (the rounds it holds are
+            not re-run; results are identical to an uninterrupted run).
+        on_round: Called after every round with the row and the executor.
+        run_name: Prefix of the Ray actor names (unique per concurrent run).
     """
     prep = prepare(config, dataset)
     plan = prep.plan
@@ -300,17 +308,25 @@ def simulate(
     state_dir = None
     if config.algo.client_state == "disk":
         state_dir = str((out_dir if write else Path(tempfile.mkdtemp())) / "client_state")
-    executor = make_executor(prep, state_dir=state_dir)
+    executor = make_executor(prep, run_name=run_name, state_dir=state_dir)
     t0 = time.perf_counter()
     last_acc = math.nan
+    start = 0
+    if resume is not None:
+        executor.restore(resume)
+        start = int(resume["server"]["rounds_done"])
+        if bar is not None:
+            bar.update(start)
     try:
-        for rnd in range(config.rounds):
+        for rnd in range(start, config.rounds):
             row = executor.run_round(rnd)
             row.update(static)
             row["wall_time_s"] = time.perf_counter() - t0
             rows.append(row)
             if writer is not None:
                 writer.append(row)
+            if on_round is not None:
+                on_round(row, executor)
             if not math.isnan(row["test_accuracy"]):
                 last_acc = row["test_accuracy"]
             if bar is not None:
@@ -323,7 +339,9 @@ def simulate(
             bar.close()
     frame = pd.DataFrame(rows)
     summary = plan.summary()
-    summary["final_epsilon"] = float(frame["epsilon"].iloc[-1])
+    summary["final_epsilon"] = (
+        float(frame["epsilon"].iloc[-1]) if len(frame) else plan.planned_epsilon
+    )
     if write:
         write_json(out_dir / "config.json", {"config": config.to_dict(), "privacy": summary})
     return SimulationResult(config, summary, frame, weights, out_dir if write else None)

@@ -189,3 +189,30 @@ def test_dp_training_learns_on_synthetic() -> None:
     res = simulate(cfg, write=False)
     assert res.final_accuracy > 0.25
     assert res.final_epsilon <= 8
+
+
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp2_fedsam", "dp_fedpgn"])
+def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> None:
+    cfg = load_config(
+        overrides=[
+            *small_overrides,
+            "rounds=4",
+            f"algorithm={algorithm}",
+            "privacy.noise_multiplier=1.0",
+        ]
+    )
+    full = simulate(cfg, write=False)
+    saved: dict = {}
+
+    def grab(row, executor):
+        if row["round"] == 2:
+            saved.update(executor.checkpoint())
+
+    simulate(cfg, write=False, on_round=grab)
+    resumed = simulate(cfg, write=False, resume=saved)
+    assert np.array_equal(full.weights, resumed.weights)
+    assert list(resumed.rounds["round"]) == [3, 4]
+    cols = [c for c in full.rounds.columns if c != "wall_time_s"]
+    pd.testing.assert_frame_equal(
+        full.rounds[cols].iloc[2:].reset_index(drop=True), resumed.rounds[cols]
+    )

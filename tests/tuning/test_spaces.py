@@ -1,0 +1,63 @@
+"""Search spaces: defaults per recipe, YAML overrides, clear errors for unknown names."""
+
+from __future__ import annotations
+
+import pytest
+
+from algorithms import RECIPES
+from engine.config import ConfigError
+from tuning.spaces import space_for, to_tune
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_default_space_is_valid_and_uses_the_recipes_keys(name: str) -> None:
+    space = space_for(name)
+    algo_keys = {k.split(".", 1)[1] for k in space if k.startswith("algo.")}
+    assert algo_keys <= set(RECIPES[name].hyperparameters)
+    assert ("privacy.clip_norm" in space) == RECIPES[name].private
+    assert set(to_tune(space)) == set(space)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"all": {"local.nonsense": {"type": "uniform", "low": 0, "high": 1}}},
+            r"^tune\.space\.local\.nonsense: unknown hyperparameter",
+        ),
+        (
+            {"dp_fedavg": {"algo.rho": {"type": "uniform", "low": 0, "high": 1}}},
+            r"^tune\.space\.algo\.rho: unknown hyperparameter for algorithm=dp_fedavg",
+        ),
+        (
+            {"all": {"privacy.epsilon": {"type": "choice", "values": [1, 2]}}},
+            r"^tune\.space\.privacy\.epsilon: not searchable",
+        ),
+        (
+            {"all": {"local.lr": {"type": "loguniform", "low": 0, "high": 1}}},
+            r"^tune\.space\.local\.lr=.*loguniform needs low > 0",
+        ),
+        ({"all": {"local.lr": {"type": "gaussian"}}}, r"^tune\.space\.local\.lr=.*type must be"),
+        ({"dp_magic": {}}, r"^tune\.space: unknown section"),
+        (
+            {"all": {"privacy.clip_norm": {"type": "choice", "values": [-1]}}},
+            r"^tune\.space\.privacy\.clip_norm: privacy\.clip_norm=-1",
+        ),
+    ],
+)
+def test_bad_spaces_are_rejected_with_the_key(override: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        space_for("dp_fedavg", override)
+
+
+def test_overrides_add_replace_and_remove() -> None:
+    space = space_for(
+        "dp_fedsam",
+        {
+            "all": {"local.epochs": None, "local.momentum": {"type": "choice", "values": [0, 0.5]}},
+            "dp_fedsam": {"algo.rho": {"type": "choice", "values": [0.05, 0.5]}},
+        },
+    )
+    assert "local.epochs" not in space
+    assert space["local.momentum"]["values"] == [0, 0.5]
+    assert space["algo.rho"] == {"type": "choice", "values": [0.05, 0.5]}

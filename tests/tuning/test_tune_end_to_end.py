@@ -1,0 +1,108 @@
+"""dpfl tune on 2 cores: the smoke experiment, and interrupt-then-resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from engine.privacy.accounting import (
+    SamplingSpec,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    default_delta,
+)
+from tuning.report import load_rounds, load_trials, write_report
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ALGS, EPS, SAMPLES = ["dp_fedavg", "fedsmp_randk"], [2.0, 8.0], 2
+
+
+def check_experiment(out: Path, rounds: int) -> pd.DataFrame:
+    df = load_rounds(out)
+    trials = load_trials(out)
+    n_trials = len(ALGS) * len(EPS) * SAMPLES
+    assert len(trials) == n_trials and trials["trial_id"].is_unique
+    assert (trials["status"] == "TERMINATED").all()
+    assert len(df) == n_trials * rounds  # exactly the expected rows
+    assert not df.duplicated(["trial_id", "round"]).any()
+    assert (
+        df.groupby("trial_id")["round"].apply(sorted).map(list)
+        == [list(range(1, rounds + 1))] * n_trials
+    ).all()
+    spec = SamplingSpec("poisson", 60, rate=0.1)
+    delta = default_delta(60)
+    for (alg, eps), g in df.groupby(["algorithm", "epsilon_budget"]):
+        z = calibrate_noise_multiplier(eps, delta, spec, rounds)
+        assert (g["noise_multiplier"] == z).all()
+        final = g[g["round"] == rounds]["epsilon"]
+        assert (final <= eps).all()
+        assert final.to_numpy() == pytest.approx(compute_epsilon(z, spec, rounds, delta))
+    assert {"clip_norm", "lr", "epochs", "sparsity", "trial_id"} <= set(df.columns)
+    return df
+
+
+def test_smoke_tune_writes_the_expected_dataset(ray_session, tmp_path) -> None:
+    from tuning.experiment import run_tune
+
+    out = tmp_path / "exp"
+    run_tune(None, ALGS, EPS, num_samples=SAMPLES, out=out, smoke_test=True)
+    df = check_experiment(out, rounds=2)
+    assert set(df["algorithm"]) == set(ALGS)
+    text = write_report(out)
+    assert "epsilon_with_tuning" in text
+    assert (out / "accuracy_vs_epsilon.png").stat().st_size > 1000
+    assert (out / "accuracy_vs_round.png").stat().st_size > 1000
+
+
+def test_interrupted_tune_resumes_without_duplicates(tmp_path) -> None:
+    out = tmp_path / "exp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "tune",
+        "--smoke-test",
+        "--algorithms",
+        ",".join(ALGS),
+        "--epsilons",
+        "2,8",
+        "--num-samples",
+        str(SAMPLES),
+        "--set",
+        "rounds=3",
+        "--out",
+        str(out),
+    ]
+    # A private Ray temp dir marks the interrupted run's Ray processes, so they (and only
+    # they) can be stopped after the interruption.
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmp}
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline:
+            files = list((out / "rounds").rglob("*.parquet")) if out.exists() else []
+            if len(files) >= 5:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "finished before it could be interrupted"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    subprocess.run(["pkill", "-9", "-f", ray_tmp], capture_output=True)
+    interrupted = len(list((out / "rounds").rglob("*.parquet")))
+    assert 5 <= interrupted < len(ALGS) * len(EPS) * SAMPLES * 3
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    check_experiment(out, rounds=3)

@@ -1,0 +1,228 @@
+"""``dpfl tune``: search hyperparameters per recipe at fixed budgets ε with Ray Tune.
+
+One Tune experiment per (algorithm, ε) under ``DIR/tune/<algorithm>-eps<ε>``, so
+each has its own search space and searcher; ε is fixed per trial and σ calibrated
+from it. Results land in ``DIR/rounds/`` (one Parquet dataset partitioned by
+algorithm and ε, one row per trial-round) and ``DIR/trials.parquet`` (one row per
+trial). ``--resume`` restores unfinished experiments with Tune's restore; trials
+continue from their last checkpoint and re-write the same (trial, round) files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from engine.config import ConfigError, RunConfig, load_config, replace
+from tuning.spaces import space_for, to_tune
+from tuning.trial import column_names, make_trainable
+
+SMOKE = {
+    "rounds": 2,
+    "eval.every": 1,
+    "dataset.num_clients": 60,
+    "dataset.synthetic_mean_samples": 20,
+    "ray.num_workers": 1,
+    "ray.num_cpus_per_worker": 0.5,
+}
+HEAD_CPUS = 0.5
+
+
+def read_tune_file(path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a YAML file into (config tree, ``tune`` section)."""
+    if path is None:
+        return {}, {}
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {str(p)!r}: no such file")
+    tree = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"--config {str(p)!r}: expected a YAML mapping")
+    tune_section = tree.pop("tune", {}) or {}
+    unknown = set(tune_section) - {"space", "checkpoint_every", "head_cpus"}
+    if unknown:
+        raise ConfigError(
+            f"tune.{sorted(unknown)[0]}: unknown key (known: space, checkpoint_every, head_cpus)"
+        )
+    return tree, tune_section
+
+
+def experiment_name(algorithm: str, epsilon: float) -> str:
+    return f"{algorithm}-eps{epsilon:g}"
+
+
+def _searcher(search: str, metric: str):
+    if search == "random":
+        return None
+    if search == "optuna":
+        try:
+            from ray.tune.search.optuna import OptunaSearch
+        except ImportError as e:  # pragma: no cover - depends on optional package
+            raise ConfigError(f"--search=optuna needs optuna: pip install optuna ({e})") from None
+        return OptunaSearch(metric=metric, mode="max")
+    if search == "hyperopt":
+        try:
+            from ray.tune.search.hyperopt import HyperOptSearch
+        except ImportError as e:  # pragma: no cover
+            raise ConfigError(
+                f"--search=hyperopt needs hyperopt: pip install hyperopt ({e})"
+            ) from None
+        return HyperOptSearch(metric=metric, mode="max")
+    raise ConfigError(f"--search={search!r}: must be random, optuna or hyperopt")
+
+
+def _scheduler(name: str, metric: str, rounds: int):
+    if name == "fifo":
+        return None
+    if name == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        return ASHAScheduler(
+            time_attr="training_iteration",
+            metric=metric,
+            mode="max",
+            max_t=rounds,
+            grace_period=max(1, rounds // 4),
+        )
+    raise ConfigError(f"--scheduler={name!r}: must be fifo or asha")
+
+
+def _trial_rows(grid, algorithm: str, epsilon: float, space_keys: list[str], metric: str):
+    names = column_names(space_keys)
+    rows = []
+    for result in grid:
+        metrics = result.metrics or {}
+        df = result.metrics_dataframe
+        best = float(df[metric].max()) if df is not None and metric in df else math.nan
+        row = {
+            "trial_id": metrics.get("trial_id"),
+            "algorithm": algorithm,
+            "epsilon_budget": epsilon,
+            "status": "ERROR" if result.error else "TERMINATED",
+            "rounds_done": metrics.get("round"),
+            "noise_multiplier": metrics.get("noise_multiplier"),
+            "epsilon": metrics.get("epsilon"),
+            f"final_{metric}": metrics.get(metric),
+            f"best_{metric}": best,
+            "wall_time_s": metrics.get("time_total_s"),
+        }
+        for key in space_keys:
+            row[names[key]] = (result.config or {}).get(key)
+        rows.append(row)
+    return rows
+
+
+def run_tune(
+    config_path: str | None,
+    algorithms: list[str],
+    epsilons: list[float],
+    *,
+    num_samples: int = 4,
+    search: str = "random",
+    scheduler: str = "fifo",
+    metric: str = "test_accuracy",
+    out: str | Path,
+    resume: bool = False,
+    smoke_test: bool = False,
+    overrides: list[str] | None = None,
+) -> pd.DataFrame:
+    """Run (or resume) the experiment; return the trials table (also written)."""
+    from ray import tune
+
+    out = Path(out).resolve()
+    tree, tune_section = read_tune_file(config_path)
+    config: RunConfig = load_config(base=tree, overrides=overrides)
+    if smoke_test:
+        config = replace(config, **SMOKE)
+    if config.ray.executor != "ray":
+        config = replace(config, **{"ray.executor": "ray"})
+    if num_samples < 1:
+        raise ConfigError(f"--num-samples={num_samples}: must be >= 1")
+    if not epsilons or any(e <= 0 for e in epsilons):
+        raise ConfigError(f"--epsilons={epsilons}: each must be > 0")
+    spaces = {a: space_for(a, tune_section.get("space")) for a in algorithms}
+    from engine.simulate import plan_privacy
+
+    for a in algorithms:  # every budget must be reachable before any work starts
+        for e in epsilons:
+            plan_privacy(
+                replace(
+                    config, algorithm=a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
+                )
+            )
+    _init_ray(config)
+    out.mkdir(parents=True, exist_ok=True)
+    head = float(tune_section.get("head_cpus", HEAD_CPUS))
+    bundles = [{"CPU": head}] + [
+        {"CPU": config.ray.num_cpus_per_worker, "GPU": config.ray.num_gpus_per_worker}
+    ] * config.ray.num_workers
+    every = int(tune_section.get("checkpoint_every", 1))
+    columns: dict[str, str] = {}
+    for a in algorithms:
+        names = column_names(list(spaces[a]))
+        for key, spec in spaces[a].items():
+            is_text = spec["type"] == "choice" and any(isinstance(v, str) for v in spec["values"])
+            columns[names[key]] = "string" if is_text else "float"
+    rows: list[dict] = []
+    for a in algorithms:
+        for e in epsilons:
+            name = experiment_name(a, e)
+            trainable = tune.with_resources(
+                make_trainable(config.to_dict(), a, e, str(out), every, columns),
+                tune.PlacementGroupFactory(bundles),
+            )
+            path = out / "tune" / name
+            t0 = time.perf_counter()
+            if resume and path.exists() and tune.Tuner.can_restore(str(path)):
+                tuner = tune.Tuner.restore(
+                    str(path), trainable, resume_unfinished=True, resume_errored=True
+                )
+            else:
+                tuner = tune.Tuner(
+                    trainable,
+                    param_space=to_tune(spaces[a]),
+                    tune_config=tune.TuneConfig(
+                        num_samples=num_samples,
+                        search_alg=_searcher(search, metric),
+                        scheduler=_scheduler(scheduler, metric, config.rounds),
+                        metric=metric,
+                        mode="max",
+                        trial_name_creator=lambda t, n=name: f"{n}-{t.trial_id}",
+                        trial_dirname_creator=lambda t, n=name: f"{n}-{t.trial_id}",
+                    ),
+                    run_config=tune.RunConfig(
+                        name=name,
+                        storage_path=str(out / "tune"),
+                        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                        failure_config=tune.FailureConfig(max_failures=1),
+                        verbose=0,
+                    ),
+                )
+            grid = tuner.fit()
+            rows += _trial_rows(grid, a, e, list(spaces[a]), metric)
+            print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
+    trials = pd.DataFrame(rows)
+    trials["epsilon_excludes_tuning"] = True
+    tmp = out / ".trials.parquet.tmp"
+    trials.to_parquet(tmp, index=False)
+    os.replace(tmp, out / "trials.parquet")
+    return trials
+
+
+def _init_ray(config: RunConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    kwargs: dict[str, Any] = {"configure_logging": False}
+    if config.ray.address:
+        kwargs["address"] = config.ray.address
+    ray.init(**kwargs)

@@ -1,0 +1,149 @@
+"""Search spaces per recipe, as data, overridable from YAML (``tune.space``).
+
+A space maps a config key (``privacy.clip_norm``, ``local.lr``, ``algo.rho``, …) to
+a distribution spec: ``{"type": "uniform"|"loguniform", "low": a, "high": b}``,
+``{"type": "choice", "values": [...]}`` or ``{"type": "randint", "low": a,
+"high": b}``. ε is never searched: it is fixed per trial and σ is calibrated from it.
+
+A YAML override is ``tune: {space: {all: {...}, <recipe>: {...}}}``: entries under
+``all`` apply to every recipe, entries under a recipe's name to that recipe; a key
+mapped to ``null`` is removed from the space.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from algorithms import RECIPES
+from engine.config import ConfigError, load_config
+
+COMMON: dict[str, dict[str, Any]] = {
+    "privacy.clip_norm": {"type": "loguniform", "low": 0.1, "high": 3.0},
+    "local.lr": {"type": "loguniform", "low": 0.01, "high": 0.5},
+    "local.epochs": {"type": "choice", "values": [1, 2]},
+}
+
+_RHO_SAM = {"type": "uniform", "low": 0.01, "high": 1.0}
+PER_RECIPE: dict[str, dict[str, dict[str, Any]]] = {
+    "fedsam": {"algo.rho": _RHO_SAM},
+    "dp_fedavg_blur": {
+        "algo.blur_lambda": {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]}
+    },
+    "dp_fedavg_blur_lus": {
+        "algo.blur_lambda": {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]},
+        "algo.sparsity": {"type": "choice", "values": [0.1, 0.3, 0.5, 0.7, 0.9]},
+    },
+    "fedsmp_randk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
+    "fedsmp_topk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
+    "dp_fed_ls": {"algo.sigma_ls": {"type": "loguniform", "low": 0.01, "high": 3.0}},
+    "dp_fedsam": {"algo.rho": _RHO_SAM},
+    "dp_fedsam_topk": {
+        "algo.rho": _RHO_SAM,
+        "algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0},
+    },
+    "dp2_fedsam": {"algo.rho": _RHO_SAM},
+    "dp_fedpgn": {
+        "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
+        "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
+    },
+    "dp_fedpgn_ls": {
+        "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
+        "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
+        "algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0},
+    },
+}
+
+FORBIDDEN = ("privacy.epsilon", "privacy.noise_multiplier", "algorithm", "seed")
+
+
+def _sample_value(key: str, spec: dict[str, Any]) -> Any:
+    kind = spec.get("type")
+    if kind in ("uniform", "loguniform", "randint"):
+        low, high = spec.get("low"), spec.get("high")
+        if not isinstance(low, (int, float)) or not isinstance(high, (int, float)) or low >= high:
+            raise ConfigError(f"tune.space.{key}={spec!r}: needs numbers low < high")
+        if kind == "loguniform" and low <= 0:
+            raise ConfigError(f"tune.space.{key}={spec!r}: loguniform needs low > 0")
+        return low
+    if kind == "choice":
+        values = spec.get("values")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"tune.space.{key}={spec!r}: choice needs a non-empty values list")
+        return values[0]
+    raise ConfigError(
+        f"tune.space.{key}={spec!r}: type must be uniform, loguniform, randint or choice"
+    )
+
+
+def validate_space(algorithm: str, space: dict[str, dict[str, Any]]) -> None:
+    """Reject unknown or meaningless hyperparameter names with a clear error."""
+    recipe = RECIPES[algorithm]
+    for key, spec in space.items():
+        if key in FORBIDDEN:
+            raise ConfigError(
+                f"tune.space.{key}: not searchable (epsilon is fixed per trial and sigma is "
+                "calibrated from it; seed and algorithm are set by dpfl tune)"
+            )
+        if key.startswith("algo.") and key.split(".", 1)[1] not in (
+            *recipe.hyperparameters,
+            "noise_site",
+            "client_state",
+        ):
+            raise ConfigError(
+                f"tune.space.{key}: unknown hyperparameter for algorithm={algorithm} "
+                f"(its algo keys: {', '.join(recipe.hyperparameters) or 'none'})"
+            )
+        if not isinstance(spec, dict):
+            raise ConfigError(f"tune.space.{key}={spec!r}: expected a distribution mapping")
+        sample = _sample_value(key, spec)
+        try:  # the key must exist in the config tree, and a sample must type-check
+            load_config(overrides=[f"{key}={sample}"])
+        except ConfigError as e:
+            msg = str(e)
+            if "unknown config key" in msg:
+                raise ConfigError(f"tune.space.{key}: unknown hyperparameter ({msg})") from None
+            if not msg.startswith("privacy.epsilon"):
+                raise ConfigError(f"tune.space.{key}: {msg}") from None
+
+
+def space_for(algorithm: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The validated search space of ``algorithm`` (defaults + YAML overrides)."""
+    if algorithm not in RECIPES:
+        raise ConfigError(f"--algorithms: unknown algorithm {algorithm!r}")
+    space = copy.deepcopy(COMMON)
+    space.update(copy.deepcopy(PER_RECIPE.get(algorithm, {})))
+    if not RECIPES[algorithm].private:
+        space.pop("privacy.clip_norm", None)
+    overrides = overrides or {}
+    unknown_sections = set(overrides) - {"all", *RECIPES}
+    if unknown_sections:
+        raise ConfigError(
+            f"tune.space: unknown section(s) {sorted(unknown_sections)}; use 'all' or a recipe name"
+        )
+    for section in ("all", algorithm):
+        for key, spec in (overrides.get(section) or {}).items():
+            if spec is None:
+                space.pop(key, None)
+            else:
+                space[key] = spec
+    validate_space(algorithm, space)
+    return space
+
+
+def to_tune(space: dict[str, Any]) -> dict[str, Any]:
+    """Ray Tune distributions for a validated space."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, spec in space.items():
+        kind = spec["type"]
+        if kind == "uniform":
+            out[key] = tune.uniform(spec["low"], spec["high"])
+        elif kind == "loguniform":
+            out[key] = tune.loguniform(spec["low"], spec["high"])
+        elif kind == "randint":
+            out[key] = tune.randint(spec["low"], spec["high"])
+        else:
+            out[key] = tune.choice(spec["values"])
+    return out

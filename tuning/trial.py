@@ -1,0 +1,142 @@
+"""One Tune trial = one simulation at a fixed budget ε with σ calibrated from it.
+
+The trial's client workers and server are Ray actors created inside the trial's
+placement group. Every round is written as its own Parquet file under
+``DIR/rounds/algorithm=<a>/epsilon_budget=<ε>/`` (one file per (trial, round): no
+append races, and a re-run round after a restore overwrites the same file, so there
+are never duplicate rows), reported to Tune, and checkpointed (server state,
+per-client state; RNG streams are keyed by (seed, round) and ε by the round count,
+so that is the whole state and a resumed trial equals an uninterrupted one).
+
+Privacy note: each trial's ε is the ε of *that* trial alone. Selecting the best
+trial on the same private data costs more (see ``tuning.report.tuning_epsilon``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine.config import config_from_dict
+
+PARTITIONS = ("algorithm", "epsilon_budget")
+#: Columns every row carries (NaN where unused) so that all files of the dataset share
+#: one schema: pandas/pyarrow read a directory with the first file's schema.
+STRING_COLUMNS = ("ls_scope",)
+
+
+def hyperparameter_columns() -> list[str]:
+    from algorithms import RECIPES
+
+    names = {h for r in RECIPES.values() for h in r.hyperparameters}
+    return sorted(names | {"personal_accuracy", "mia_auc", "clip_norm", "lr", "epochs"})
+
+
+def normalise(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Add missing ``columns`` and give each its fixed type (float64 or string)."""
+    for col, kind in columns.items():
+        if col not in frame:
+            frame[col] = None
+        if kind == "string":
+            frame[col] = frame[col].astype("string")
+        else:
+            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return frame
+
+
+def column_names(keys: list[str]) -> dict[str, str]:
+    """Hyperparameter column = last part of its key (full key if that collides)."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (n if last.count(n) == 1 else k.replace(".", "_")) for k, n in zip(keys, last)}
+
+
+def rounds_dir(out: str | Path, algorithm: str, epsilon: float) -> Path:
+    return Path(out) / "rounds" / f"algorithm={algorithm}" / f"epsilon_budget={epsilon:g}"
+
+
+def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -> Path:
+    """Atomically write one (trial, round) row; partition columns live in the path."""
+    folder = rounds_dir(out, row["algorithm"], row["epsilon_budget"])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{row['trial_id']}-round{int(row['round']):05d}.parquet"
+    frame = pd.DataFrame([{k: v for k, v in row.items() if k not in PARTITIONS}])
+    frame = normalise(frame, columns)
+    frame = frame[sorted(frame.columns)]
+    tmp = folder / f".{path.name}.tmp"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def make_trainable(
+    base: dict,
+    algorithm: str,
+    epsilon: float,
+    out: str,
+    every: int = 1,
+    columns: dict[str, str] | None = None,
+):
+    """A fresh Tune function trainable for (algorithm, ε) (``with_resources`` mutates it).
+
+    ``columns`` maps every hyperparameter column of the experiment to its type.
+    """
+    columns = dict(columns or {})
+    for c in hyperparameter_columns():
+        columns.setdefault(c, "string" if c in STRING_COLUMNS else "float")
+
+    def trainable(params: dict[str, Any]) -> None:
+        from ray import tune
+
+        from engine.config import replace
+        from engine.simulate import simulate
+
+        hps = dict(params)
+        config = config_from_dict(base)
+        config = replace(
+            config,
+            **{
+                "algorithm": algorithm,
+                "privacy.epsilon": epsilon,
+                "privacy.noise_multiplier": None,
+            },
+            **hps,
+        )
+        ctx = tune.get_context()
+        trial_id, trial_name = ctx.get_trial_id(), ctx.get_trial_name()
+        resume = None
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as d:
+                resume = pickle.loads((Path(d) / "state.pkl").read_bytes())
+        names = column_names(list(hps))
+        last_acc = {"value": math.nan}
+
+        def on_round(row: dict, executor) -> None:
+            full = {**row, "trial_id": trial_id, **{names[k]: v for k, v in hps.items()}}
+            write_round(out, full, columns)
+            if not math.isnan(row["test_accuracy"]):
+                last_acc["value"] = row["test_accuracy"]
+            metrics = {
+                "round": int(row["round"]),
+                "test_accuracy": last_acc["value"],
+                "epsilon": row["epsilon"],
+                "noise_multiplier": row["noise_multiplier"],
+            }
+            if "personal_accuracy" in row and not math.isnan(row["personal_accuracy"]):
+                metrics["personal_accuracy"] = row["personal_accuracy"]
+            if int(row["round"]) % every == 0 or int(row["round"]) == config.rounds:
+                with tempfile.TemporaryDirectory() as d:
+                    (Path(d) / "state.pkl").write_bytes(pickle.dumps(executor.checkpoint()))
+                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+            else:
+                tune.report(metrics)
+
+        simulate(config, write=False, resume=resume, on_round=on_round, run_name=trial_name)
+
+    return trainable
