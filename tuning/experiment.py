@@ -199,7 +199,9 @@ def run_tune(
                     run_config=tune.RunConfig(
                         name=name,
                         storage_path=str(out / "tune"),
-                        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                        # Keep every checkpoint: Tune's experiment snapshot can lag behind
+                        # the newest checkpoint, and a resume must find the one it names.
+                        checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                         failure_config=tune.FailureConfig(max_failures=1),
                         verbose=0,
                     ),

@@ -40,7 +40,7 @@ def check_experiment(out: Path, rounds: int) -> pd.DataFrame:
     ).all()
     spec = SamplingSpec("poisson", 60, rate=0.1)
     delta = default_delta(60)
-    for (alg, eps), g in df.groupby(["algorithm", "epsilon_budget"]):
+    for (_, eps), g in df.groupby(["algorithm", "epsilon_budget"]):
         z = calibrate_noise_multiplier(eps, delta, spec, rounds)
         assert (g["noise_multiplier"] == z).all()
         final = g[g["round"] == rounds]["epsilon"]
