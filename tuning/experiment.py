@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import yaml
 
 from engine.config import ConfigError, RunConfig, load_config, replace
 from tuning.spaces import space_for, to_tune
-from tuning.trial import column_names, make_trainable
+from tuning.trial import column_names, make_trainable, rounds_dir
 
 SMOKE = {
     "rounds": 2,
@@ -93,29 +94,38 @@ def _scheduler(name: str, metric: str, rounds: int):
     raise ConfigError(f"--scheduler={name!r}: must be fifo or asha")
 
 
-def _trial_rows(grid, algorithm: str, epsilon: float, space_keys: list[str], metric: str):
-    names = column_names(space_keys)
+def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFrame:
+    """One row per trial, from the rounds each trial wrote (and Tune's status)."""
+    from tuning.report import load_rounds
+    from tuning.trial import hyperparameter_columns
+
+    rounds = load_rounds(out)
+    hp_cols = [
+        c
+        for c in hyperparameter_columns()
+        if c in rounds and c not in ("personal_accuracy", "mia_auc")
+    ]
     rows = []
-    for result in grid:
-        metrics = result.metrics or {}
-        df = result.metrics_dataframe
-        best = float(df[metric].max()) if df is not None and metric in df else math.nan
+    for trial_id, g in rounds.groupby("trial_id", sort=True):
+        g = g.sort_values("round")
+        last = g.iloc[-1]
+        evaluated = g[metric].dropna() if metric in g else pd.Series(dtype=float)
         row = {
-            "trial_id": metrics.get("trial_id"),
-            "algorithm": algorithm,
-            "epsilon_budget": epsilon,
-            "status": "ERROR" if result.error else "TERMINATED",
-            "rounds_done": metrics.get("round"),
-            "noise_multiplier": metrics.get("noise_multiplier"),
-            "epsilon": metrics.get("epsilon"),
-            f"final_{metric}": metrics.get(metric),
-            f"best_{metric}": best,
-            "wall_time_s": metrics.get("time_total_s"),
+            "trial_id": trial_id,
+            "algorithm": last["algorithm"],
+            "epsilon_budget": float(last["epsilon_budget"]),
+            "status": statuses.get(trial_id, "UNKNOWN"),
+            "rounds_done": int(last["round"]),
+            "noise_multiplier": float(last["noise_multiplier"]),
+            "epsilon": float(last["epsilon"]),
+            f"final_{metric}": float(evaluated.iloc[-1]) if len(evaluated) else math.nan,
+            f"best_{metric}": float(evaluated.max()) if len(evaluated) else math.nan,
+            "wall_time_s": float(last["wall_time_s"]),
         }
-        for key in space_keys:
-            row[names[key]] = (result.config or {}).get(key)
+        for c in hp_cols:
+            row[c] = last[c]
         rows.append(row)
-    return rows
+    return pd.DataFrame(rows)
 
 
 def run_tune(
@@ -137,9 +147,12 @@ def run_tune(
 
     out = Path(out).resolve()
     tree, tune_section = read_tune_file(config_path)
+    if smoke_test:  # shrink first; explicit --set overrides still win
+        from engine.config import _set_path
+
+        for key, value in SMOKE.items():
+            _set_path(tree, key, value)
     config: RunConfig = load_config(base=tree, overrides=overrides)
-    if smoke_test:
-        config = replace(config, **SMOKE)
     if config.ray.executor != "ray":
         config = replace(config, **{"ray.executor": "ray"})
     if num_samples < 1:
@@ -163,18 +176,27 @@ def run_tune(
         {"CPU": config.ray.num_cpus_per_worker, "GPU": config.ray.num_gpus_per_worker}
     ] * config.ray.num_workers
     every = int(tune_section.get("checkpoint_every", 1))
+    statuses: dict[str, str] = {}
     columns: dict[str, str] = {}
     for a in algorithms:
         names = column_names(list(spaces[a]))
         for key, spec in spaces[a].items():
             is_text = spec["type"] == "choice" and any(isinstance(v, str) for v in spec["values"])
             columns[names[key]] = "string" if is_text else "float"
-    rows: list[dict] = []
     for a in algorithms:
         for e in epsilons:
             name = experiment_name(a, e)
+            own_sampling = search == "random"
             trainable = tune.with_resources(
-                make_trainable(config.to_dict(), a, e, str(out), every, columns),
+                make_trainable(
+                    config.to_dict(),
+                    a,
+                    e,
+                    str(out),
+                    every,
+                    columns,
+                    spaces[a] if own_sampling else None,
+                ),
                 tune.PlacementGroupFactory(bundles),
             )
             path = out / "tune" / name
@@ -184,11 +206,20 @@ def run_tune(
                     str(path), trainable, resume_unfinished=True, resume_errored=True
                 )
             else:
+                # A fresh start: rows left by an attempt that cannot be restored belong
+                # to trials that will not continue; remove them so none is half-done.
+                shutil.rmtree(rounds_dir(out, a, e), ignore_errors=True)
+                shutil.rmtree(path, ignore_errors=True)
+                space = (
+                    {"sample": tune.grid_search(list(range(num_samples)))}
+                    if own_sampling
+                    else to_tune(spaces[a])
+                )
                 tuner = tune.Tuner(
                     trainable,
-                    param_space=to_tune(spaces[a]),
+                    param_space=space,
                     tune_config=tune.TuneConfig(
-                        num_samples=num_samples,
+                        num_samples=1 if own_sampling else num_samples,
                         search_alg=_searcher(search, metric),
                         scheduler=_scheduler(scheduler, metric, config.rounds),
                         metric=metric,
@@ -207,9 +238,13 @@ def run_tune(
                     ),
                 )
             grid = tuner.fit()
-            rows += _trial_rows(grid, a, e, list(spaces[a]), metric)
+            for result in grid:
+                tid = (result.metrics or {}).get("trial_id") or Path(result.path).name.rsplit(
+                    "-", 1
+                )[-1]
+                statuses[tid] = "ERROR" if result.error else "TERMINATED"
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
-    trials = pd.DataFrame(rows)
+    trials = trials_table(out, statuses, metric)
     trials["epsilon_excludes_tuning"] = True
     tmp = out / ".trials.parquet.tmp"
     trials.to_parquet(tmp, index=False)

@@ -131,6 +131,26 @@ def space_for(algorithm: str, overrides: dict[str, Any] | None = None) -> dict[s
     return space
 
 
+def sample(space: dict[str, Any], rng) -> dict[str, Any]:
+    """One draw from a validated space with a ``numpy.random.Generator`` (random search
+    without a searcher: trial k's values are a function of (seed, algorithm, ε, k))."""
+    import math
+
+    out: dict[str, Any] = {}
+    for key in sorted(space):
+        spec = space[key]
+        kind = spec["type"]
+        if kind == "uniform":
+            out[key] = float(rng.uniform(spec["low"], spec["high"]))
+        elif kind == "loguniform":
+            out[key] = float(math.exp(rng.uniform(math.log(spec["low"]), math.log(spec["high"]))))
+        elif kind == "randint":
+            out[key] = int(rng.integers(spec["low"], spec["high"]))
+        else:
+            out[key] = spec["values"][int(rng.integers(len(spec["values"])))]
+    return out
+
+
 def to_tune(space: dict[str, Any]) -> dict[str, Any]:
     """Ray Tune distributions for a validated space."""
     from ray import tune

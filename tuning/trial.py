@@ -18,6 +18,7 @@ import math
 import os
 import pickle
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import pandas as pd
 from engine.config import config_from_dict
 
 PARTITIONS = ("algorithm", "epsilon_budget")
+TUNE_STREAM = 9  # rng stream of random-search samples
 #: Columns every row carries (NaN where unused) so that all files of the dataset share
 #: one schema: pandas/pyarrow read a directory with the first file's schema.
 STRING_COLUMNS = ("ls_scope",)
@@ -81,10 +83,14 @@ def make_trainable(
     out: str,
     every: int = 1,
     columns: dict[str, str] | None = None,
+    space: dict[str, Any] | None = None,
 ):
     """A fresh Tune function trainable for (algorithm, ε) (``with_resources`` mutates it).
 
-    ``columns`` maps every hyperparameter column of the experiment to its type.
+    ``columns`` maps every hyperparameter column of the experiment to its type. With
+    ``space`` given (random search), the trial's parameter is only its sample index
+    and its hyperparameters are drawn from (seed, algorithm, ε, index): every trial
+    exists from the start (so a resume never loses one) and is reproducible.
     """
     columns = dict(columns or {})
     for c in hyperparameter_columns():
@@ -97,6 +103,12 @@ def make_trainable(
         from engine.simulate import simulate
 
         hps = dict(params)
+        if space is not None:
+            from engine import rng as rngs
+            from tuning.spaces import sample
+
+            key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
+            hps = sample(space, rngs.numpy_rng(base["seed"], TUNE_STREAM, key, hps["sample"]))
         config = config_from_dict(base)
         config = replace(
             config,
