@@ -503,6 +503,17 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML file; ConfigError naming ``--config`` otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {str(p)!r}: no such file")
+    loaded = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {str(p)!r}: expected a YAML mapping at top level")
+    return loaded
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
@@ -512,13 +523,7 @@ def load_config(
     and ``key=value`` overrides, in that order."""
     tree: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"--config {str(p)!r}: no such file")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config {str(p)!r}: expected a YAML mapping at top level")
-        tree = _merge(tree, loaded)
+        tree = _merge(tree, read_yaml_mapping(path))
     for item in overrides or []:
         key, value = parse_override(item)
         _set_path(tree, key, value)

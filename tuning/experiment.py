@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from engine.config import ConfigError, RunConfig, load_config, replace
+from engine.config import ConfigError, RunConfig, load_config, read_yaml_mapping, replace
 from tuning.spaces import space_for, to_tune
 from tuning.trial import column_names, make_trainable, rounds_dir
 
@@ -39,12 +38,7 @@ def read_tune_file(path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split a YAML file into (config tree, ``tune`` section)."""
     if path is None:
         return {}, {}
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--config {str(p)!r}: no such file")
-    tree = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(tree, dict):
-        raise ConfigError(f"--config {str(p)!r}: expected a YAML mapping")
+    tree = read_yaml_mapping(path)
     tune_section = tree.pop("tune", {}) or {}
     unknown = set(tune_section) - {"space", "checkpoint_every", "head_cpus"}
     if unknown:

@@ -61,3 +61,15 @@ def test_overrides_add_replace_and_remove() -> None:
     assert "local.epochs" not in space
     assert space["local.momentum"]["values"] == [0, 0.5]
     assert space["algo.rho"] == {"type": "choice", "values": [0.05, 0.5]}
+
+
+def test_tune_file_splits_config_and_tune_section(tmp_path) -> None:
+    from tuning.experiment import read_tune_file
+
+    f = tmp_path / "exp.yaml"
+    f.write_text("rounds: 9\ntune:\n  space:\n    all:\n      local.epochs: null\n")
+    tree, section = read_tune_file(str(f))
+    assert tree == {"rounds": 9} and section == {"space": {"all": {"local.epochs": None}}}
+    f.write_text("tune:\n  spaces: {}\n")
+    with pytest.raises(ConfigError, match=r"^tune\.spaces: unknown key"):
+        read_tune_file(str(f))
