@@ -163,8 +163,12 @@ class ClientWorker:
         )
         self.loss_fn = nn.CrossEntropyLoss()
         self.head_mask: torch.Tensor | None = None
+        self.head_params: list[torch.Tensor] = []
+        self.body_params: list[torch.Tensor] = []
         if self.pipeline.personal is not None:
             self.head_mask = personal_mask(self.model, self.pipeline.personal.layers)
+            self.head_params = self._select(self.head_mask, True)
+            self.body_params = self._select(self.head_mask, False)
         self.state = ClientStateStore(spec.state_dir)
 
     def ping(self) -> int:
@@ -251,8 +255,7 @@ class ClientWorker:
                 flat = flatten_params(self.model)
                 flat[self.head_mask] = saved
                 load_flat_(self.model, flat)
-            head = self._select(self.head_mask, True)
-            body = self._select(self.head_mask, False)
+            head, body = self.head_params, self.body_params
             n_batches = math.ceil(len(self.dataset.client_train[client]) / spec.batch_size)
             hs = personal.head_steps or n_batches
             ls, st = self._run_steps(
@@ -279,9 +282,10 @@ class ClientWorker:
                 lr,
                 pipe.plain_sgd,
             )
-        delta = flatten_params(self.model) - global_flat
+        local = flatten_params(self.model)
+        delta = local - global_flat
         if self.head_mask is not None:
-            self.state.put(client, flatten_params(self.model)[self.head_mask].clone())
+            self.state.put(client, local[self.head_mask].clone())
             delta[self.head_mask] = 0.0  # the head never leaves the client
         ctx = {
             "g_tilde": public.get("g_tilde"),
@@ -327,6 +331,8 @@ class ClientWorker:
         total = torch.zeros(global_flat.numel(), dtype=torch.float64)
         out = PartialSum(update_sum=np.zeros(0), num_clients=0)
         priv = self.pipeline.privatizer
+        client_noise = priv is not None and priv.site == "client"
+        support = self.noise_support(ctx) if client_noise else None  # public, per round
         for c in np.asarray(clients, dtype=np.int64):
             delta, loss_sum, steps = self._train_one(global_flat, rnd, int(c), ctx)
             res = clip_update(delta, self.spec.clip_norm)
@@ -334,12 +340,12 @@ class ClientWorker:
             out.max_clipped_norm = max(
                 out.max_clipped_norm, float(torch.linalg.vector_norm(update))
             )
-            if priv is not None and priv.site == "client":
+            if client_noise:
                 std = priv.noise_multiplier * priv.clip_norm / math.sqrt(self.spec.denominator)
                 noise = gaussian_noise(
                     update.numel(), std, rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
                 )
-                update = update + noise * self.noise_support(ctx)
+                update = update + noise * support
             total += update
             out.num_clients += 1
             out.norm_sum += res.norm if math.isfinite(res.norm) else 0.0

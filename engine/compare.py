@@ -35,13 +35,10 @@ def compare(config: RunConfig, algorithms: list[str], out: Path, progress: bool 
     for c in configs:  # validate every run before any work starts
         prepare(c)
     owns_ray = False
-    if config.ray.executor == "ray":
-        import ray
+    if config.ray.executor == "ray":  # one Ray for all runs, not one start per method
+        from engine.executors import ensure_ray
 
-        if not ray.is_initialized():
-            kwargs = {"address": config.ray.address} if config.ray.address else {}
-            ray.init(configure_logging=False, **kwargs)
-            owns_ray = True
+        owns_ray = ensure_ray(config.ray)
     rows = []
     try:
         for i, c in enumerate(configs, 1):

@@ -45,6 +45,44 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
+    """Start Ray (or attach to ``ray.address``) unless it is running; True if started.
+
+    The one place dpfl initialises Ray (``dpfl run``, ``compare`` and ``tune``). A local
+    instance gets at least the CPUs the workers declare; attaching to an unreachable
+    cluster is a ConfigError naming ``ray.address``.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    kwargs: dict = {"log_to_driver": True, "configure_logging": False}
+    if ray_cfg.address:
+        kwargs["address"] = ray_cfg.address
+    else:
+        need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
+        if include_dashboard is not None:
+            kwargs["include_dashboard"] = include_dashboard
+        if ray_cfg.object_store_memory_mb:
+            kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
+    try:
+        context = ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        if ray_cfg.address:
+            raise ConfigError(
+                f"ray.address={ray_cfg.address!r}: cannot attach to a Ray cluster "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            ) from None
+        raise
+    url = getattr(context, "dashboard_url", None)
+    if url:
+        print(f"Ray dashboard: http://{url}", file=sys.stderr)
+    return True
+
+
 class LocalExecutor:
     """Everything in this process; the reference the Ray executor must equal."""
 
@@ -107,31 +145,7 @@ class RayExecutor:
 
         self._ray = ray
         self._owns_ray = False
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            kwargs: dict = {"log_to_driver": True, "configure_logging": False}
-            if ray_cfg.address:
-                kwargs["address"] = ray_cfg.address
-            else:
-                need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
-                kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
-                if include_dashboard is not None:
-                    kwargs["include_dashboard"] = include_dashboard
-                if ray_cfg.object_store_memory_mb:
-                    kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
-            try:
-                context = ray.init(**kwargs)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                if ray_cfg.address:
-                    raise ConfigError(
-                        f"ray.address={ray_cfg.address!r}: cannot attach to a Ray cluster "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                    ) from None
-                raise
-            self._owns_ray = True
-            url = getattr(context, "dashboard_url", None)
-            if url:
-                print(f"Ray dashboard: http://{url}", file=sys.stderr)
+        self._owns_ray = ensure_ray(ray_cfg, include_dashboard)
         data_ref = ray.put(dataset)
         worker_cls = ray.remote(ClientWorker)
         server_cls = ray.remote(Server)

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from engine.config import ConfigError, RunConfig, load_config, read_yaml_mapping, replace
+from engine.executors import ensure_ray
 from tuning.spaces import space_for, to_tune
 from tuning.trial import column_names, make_trainable, rounds_dir
 
@@ -163,7 +164,7 @@ def run_tune(
                     config, algorithm=a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
                 )
             )
-    _init_ray(config)
+    ensure_ray(config.ray)
     out.mkdir(parents=True, exist_ok=True)
     head = float(tune_section.get("head_cpus", HEAD_CPUS))
     bundles = [{"CPU": head}] + [
@@ -244,16 +245,3 @@ def run_tune(
     trials.to_parquet(tmp, index=False)
     os.replace(tmp, out / "trials.parquet")
     return trials
-
-
-def _init_ray(config: RunConfig) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    kwargs: dict[str, Any] = {"configure_logging": False}
-    if config.ray.address:
-        kwargs["address"] = config.ray.address
-    ray.init(**kwargs)
