@@ -52,6 +52,7 @@ class LocalSpec:
     denominator: float = 1.0
     steps: int | None = None  # exactly this many local steps per client (public K)
     state_dir: str | None = None
+    clients_per_batch: int | None = None  # vectorised group size; None: from memory
 
 
 @dataclass

@@ -288,6 +288,9 @@ class RayConfig:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     object_store_memory_mb: int | None = None
+    clients_per_worker_batch: int | None = None  # None: chosen from memory; 1: one by one
+    max_worker_restarts: int = 3
+    gpu_memory_safety: float = 0.2
 
     def __post_init__(self) -> None:
         _check(
@@ -305,6 +308,24 @@ class RayConfig:
             "ray.num_gpus_per_worker",
             self.num_gpus_per_worker,
             "must be >= 0",
+        )
+        _check(
+            self.clients_per_worker_batch is None or self.clients_per_worker_batch >= 1,
+            "ray.clients_per_worker_batch",
+            self.clients_per_worker_batch,
+            "must be >= 1 (or null: chosen from memory)",
+        )
+        _check(
+            self.max_worker_restarts >= 0,
+            "ray.max_worker_restarts",
+            self.max_worker_restarts,
+            "must be >= 0",
+        )
+        _check(
+            0 <= self.gpu_memory_safety < 1,
+            "ray.gpu_memory_safety",
+            self.gpu_memory_safety,
+            "must be in [0, 1)",
         )
 
 

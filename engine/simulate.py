@@ -220,6 +220,7 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         denominator=plan.sampling.denominator,
         steps=prep.steps,
         state_dir=state_dir,
+        clients_per_batch=cfg.ray.clients_per_worker_batch,
     )
     server = ServerSpec(
         seed=cfg.seed,
