@@ -388,6 +388,20 @@ class ClientWorker:
         self.model.train()
         return correct, total
 
+    @torch.no_grad()
+    def evaluate_slice(
+        self, global_weights: np.ndarray, start: int, stop: int
+    ) -> tuple[int, float, int]:
+        """(correct, loss sum, n) of the global model on test examples [start, stop).
+
+        Executors spread the test set over the workers so evaluation runs in parallel.
+        """
+        from engine.evaluation import evaluate_sums
+
+        load_flat_(self.model, torch.from_numpy(np.array(global_weights, dtype=np.float32)))
+        ds = self.dataset
+        return evaluate_sums(self.model, ds.x_test[start:stop], ds.y_test[start:stop])
+
     def client_state(self) -> dict[int, np.ndarray]:
         """A checkpointable copy of this worker's per-client state."""
         return self.state.snapshot()

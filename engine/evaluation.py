@@ -23,10 +23,14 @@ MIA_MAX_SAMPLES = 2000
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_sums(
     model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2048
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``model`` on (x, y)."""
+) -> tuple[int, float, int]:
+    """(number correct, summed cross-entropy, n) of ``model`` on (x, y).
+
+    Sums, so that slices evaluated on different workers add up to the whole.
+    """
+    was_training = model.training
     model.eval()
     correct, loss, n = 0, 0.0, len(y)
     for s in range(0, n, batch_size):
@@ -35,7 +39,31 @@ def evaluate(
         out = model(xb)
         loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
-    model.train()
+    model.train(was_training)
+    return correct, loss, n
+
+
+def evaluate(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2048
+) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``model`` on (x, y)."""
+    correct, loss, n = evaluate_sums(model, x, y, batch_size)
+    return (correct / n, loss / n) if n else (math.nan, math.nan)
+
+
+def eval_slices(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) slices of the test set, one per worker (same everywhere)."""
+    bounds = np.linspace(0, n, max(1, parts) + 1).astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def combine_sums(parts: list[tuple[int, float, int]]) -> tuple[float, float]:
+    """(accuracy, mean loss) from per-slice sums, added in slice order."""
+    correct = sum(p[0] for p in parts)
+    loss = 0.0
+    for p in parts:
+        loss += p[1]
+    n = sum(p[2] for p in parts)
     return (correct / n, loss / n) if n else (math.nan, math.nan)
 
 

@@ -28,7 +28,8 @@ import numpy as np
 from engine.client import ClientWorker, LocalSpec, shard_cohort
 from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
-from engine.server import Server, ServerSpec
+from engine.evaluation import combine_sums, eval_slices
+from engine.server import Server, ServerSpec, is_eval_round
 
 ACTOR_START_TIMEOUT_S = 180.0
 
@@ -98,6 +99,7 @@ class LocalExecutor:
         self.num_shards = num_shards
         self.num_clients = dataset.num_clients
         self.personal = self.worker.pipeline.personal is not None
+        self.test_slices = eval_slices(len(dataset.y_test), num_shards)
 
     def run_round(self, rnd: int) -> dict:
         cohort, weights, public = self.server.begin_round(rnd)
@@ -105,7 +107,11 @@ class LocalExecutor:
             self.worker.train_shard(weights, rnd, shard, public)
             for shard in shard_cohort(cohort, self.num_shards)
         ]
-        row = self.server.finish_round(rnd, *partials)
+        row = self.server.finish_round(rnd, *partials, evaluate=False)
+        if self.server.is_eval_round(rnd):
+            weights = self.server.get_weights()
+            sums = [self.worker.evaluate_slice(weights, a, b) for a, b in self.test_slices]
+            row["test_accuracy"], row["test_loss"] = combine_sums(sums)
         if self.personal and self.server.is_eval_round(rnd):
             weights = self.server.get_weights()
             correct, total = self.worker.personal_eval(weights, np.arange(self.num_clients))
@@ -163,6 +169,8 @@ class RayExecutor:
         )
         del data_ref
         self._all_clients = np.arange(dataset.num_clients)
+        self.test_slices = eval_slices(len(dataset.y_test), ray_cfg.num_workers)
+        self.eval_every, self.rounds = server_spec.eval_every, server_spec.rounds
         from algorithms import build_pipeline
 
         self.personal = (
@@ -196,11 +204,20 @@ class RayExecutor:
             for w, shard in zip(self.workers, shards)
         ]
         del weights_ref, public_ref
-        row = ray.get(self.server.finish_round.remote(rnd, *partial_refs))
+        row = ray.get(self.server.finish_round.remote(rnd, *partial_refs, evaluate=False))
+        eval_round = is_eval_round(rnd, self.eval_every, self.rounds)
+        if eval_round:
+            weights_ref = self.server.get_weights.remote()
+            sums = ray.get(
+                [
+                    w.evaluate_slice.remote(weights_ref, a, b)
+                    for w, (a, b) in zip(self.workers, self.test_slices)
+                ]
+            )
+            row["test_accuracy"], row["test_loss"] = combine_sums(sums)
         if self.personal:
             row["personal_accuracy"] = float("nan")
-            if ray.get(self.server.is_eval_round.remote(rnd)):
-                weights_ref = self.server.get_weights.remote()
+            if eval_round:
                 k = len(self.workers)
                 results = ray.get(
                     [

@@ -35,7 +35,8 @@ from engine.client import (
     reduce_partials,
 )
 from engine.data.federated import FederatedDataset
-from engine.evaluation import evaluate, membership_inference_auc
+from engine.evaluation import evaluate as evaluate_model
+from engine.evaluation import membership_inference_auc
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
 from engine.privacy.mechanisms import privatize_sum
 
@@ -145,8 +146,12 @@ class Server:
             support = mask.double() if support is None else support * mask.double()
         return support
 
-    def finish_round(self, rnd: int, *partials: PartialSum) -> dict:
-        """Aggregate the shards' partial sums, privatise, post-process, update, account."""
+    def finish_round(self, rnd: int, *partials: PartialSum, evaluate: bool = True) -> dict:
+        """Aggregate the shards' partial sums, privatise, post-process, update, account.
+
+        With ``evaluate=False`` the executor evaluates the new model itself (spread
+        over the workers) and fills ``test_accuracy``/``test_loss``.
+        """
         spec, pipe = self.spec, self.pipeline
         total = reduce_partials(list(partials), self.dim())
         summed = torch.from_numpy(total.update_sum)
@@ -194,7 +199,8 @@ class Server:
         acc, loss, mia = math.nan, math.nan, math.nan
         if self.is_eval_round(rnd):
             load_flat_(self.model, self.weights)
-            acc, loss = evaluate(self.model, self.dataset.x_test, self.dataset.y_test)
+            if evaluate:
+                acc, loss = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test)
             if spec.membership_inference and rnd + 1 == spec.rounds:
                 mia = membership_inference_auc(self.model, self.dataset, spec.seed)
         row["test_accuracy"], row["test_loss"] = acc, loss
@@ -203,4 +209,9 @@ class Server:
         return row
 
     def is_eval_round(self, rnd: int) -> bool:
-        return (rnd + 1) % self.spec.eval_every == 0 or rnd + 1 == self.spec.rounds
+        return is_eval_round(rnd, self.spec.eval_every, self.spec.rounds)
+
+
+def is_eval_round(rnd: int, every: int, rounds: int) -> bool:
+    """Round ``rnd`` (0-based) is evaluated every ``every`` rounds and at the end."""
+    return (rnd + 1) % every == 0 or rnd + 1 == rounds

@@ -152,10 +152,10 @@ def test_crash_leaves_completed_rounds_readable(small_overrides, tmp_path, monke
 
     original = server_mod.Server.finish_round
 
-    def flaky(self, rnd, *partials):
+    def flaky(self, rnd, *partials, **kwargs):
         if rnd == 2:
             raise RuntimeError("simulated crash")
-        return original(self, rnd, *partials)
+        return original(self, rnd, *partials, **kwargs)
 
     monkeypatch.setattr(server_mod.Server, "finish_round", flaky)
     cfg = load_config(overrides=[*small_overrides, "rounds=5", f"out={tmp_path}/crash"])

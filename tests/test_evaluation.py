@@ -42,3 +42,26 @@ def test_membership_inference_column() -> None:
     assert df["mia_auc"].iloc[:-1].isna().all()
     auc = df["mia_auc"].iloc[-1]
     assert 0.0 <= auc <= 1.0
+
+
+def test_sliced_evaluation_adds_up_to_whole() -> None:
+    """Per-worker slices of the test set combine to the single-pass accuracy and loss."""
+    import numpy as np
+    import torch
+
+    from engine.evaluation import combine_sums, eval_slices, evaluate, evaluate_sums
+    from engine.models import build_model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1003, 12)).astype(np.float32)
+    y = rng.integers(0, 5, size=1003).astype(np.int64)
+    model = build_model("mlp", (12,), 5, torch.Generator().manual_seed(0))
+    acc, loss = evaluate(model, x, y)
+    for parts in (1, 2, 3, 7):
+        slices = eval_slices(len(y), parts)
+        assert slices[0][0] == 0 and slices[-1][1] == len(y)
+        assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
+        sums = [evaluate_sums(model, x[a:b], y[a:b]) for a, b in slices]
+        acc_k, loss_k = combine_sums(sums)
+        assert acc_k == acc
+        assert abs(loss_k - loss) < 1e-6 * max(1.0, loss)
