@@ -53,5 +53,10 @@ class ClientStateStore:
         return out
 
     def restore(self, state: dict[int, np.ndarray]) -> None:
+        """Replace the whole store by ``state`` (clients absent from it have no state)."""
+        self._memory = {}
+        if self.directory is not None:
+            for p in self.directory.glob("client-*.npy"):
+                p.unlink()
         for c, v in state.items():
             self.put(int(c), torch.from_numpy(np.asarray(v, dtype=np.float32)))

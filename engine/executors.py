@@ -84,6 +84,10 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
     return True
 
 
+class _RestartRound(Exception):
+    """Internal: restore every actor to the round checkpoint and re-run the round."""
+
+
 class LocalExecutor:
     """Everything in this process; the reference the Ray executor must equal."""
 
@@ -118,6 +122,7 @@ class LocalExecutor:
             row["personal_accuracy"] = correct / total if total else float("nan")
         elif self.personal:
             row["personal_accuracy"] = float("nan")
+        row["actor_retries_nonprivate"] = 0
         return row
 
     def weights(self) -> np.ndarray:
@@ -135,8 +140,26 @@ class LocalExecutor:
         pass
 
 
+class WorkerLostError(RuntimeError):
+    """Actors kept dying: the run stops; the rounds completed so far are intact."""
+
+
 class RayExecutor:
-    """Persistent client-worker actors plus a server actor."""
+    """Persistent client-worker actors plus a server actor, surviving actor deaths.
+
+    Fault tolerance. Workers and the server are declared with ``max_restarts`` =
+    ``ray.max_worker_restarts``. After every completed round the executor keeps object
+    references to the server's state (and, for recipes with per-client state, each
+    worker's client-state snapshot) in the object store — a round checkpoint that costs
+    one O(d) copy, never a trip through the driver. When a client-worker dies during a
+    round, only its shard (the lost clients) is re-run on the restarted actor with the
+    same inputs and the same (seed, round, client) RNG streams, so its partial sum is
+    bit-identical to the lost one. When the server dies, or a worker of a recipe with
+    per-client state, every actor is restored to the previous round's checkpoint and
+    the round is re-run whole. ε is a function of the rounds completed by the server,
+    so each round is composed exactly once whatever was retried. More than
+    ``max_worker_restarts`` losses in one round raise :class:`WorkerLostError`.
+    """
 
     def __init__(
         self,
@@ -152,6 +175,8 @@ class RayExecutor:
         self._ray = ray
         self._owns_ray = False
         self._owns_ray = ensure_ray(ray_cfg, include_dashboard)
+        self.run_name = run_name
+        self.max_restarts = int(ray_cfg.max_worker_restarts)
         data_ref = ray.put(dataset)
         worker_cls = ray.remote(ClientWorker)
         server_cls = ray.remote(Server)
@@ -161,13 +186,20 @@ class RayExecutor:
                 num_gpus=ray_cfg.num_gpus_per_worker,
                 name=f"{run_name}:client-worker-{i}",
                 max_concurrency=1,
+                max_restarts=self.max_restarts,
+                max_task_retries=0,  # the executor re-runs lost shards itself
             ).remote(data_ref, local_spec)
             for i in range(ray_cfg.num_workers)
         ]
-        self.server = server_cls.options(num_cpus=0, name=f"{run_name}:server").remote(
-            data_ref, server_spec
-        )
-        del data_ref
+        self.server = server_cls.options(
+            num_cpus=0,
+            name=f"{run_name}:server",
+            max_restarts=self.max_restarts,
+            max_task_retries=0,
+        ).remote(data_ref, server_spec)
+        # Kept for the executor's lifetime: a restarting actor re-reads its constructor
+        # arguments from the object store.
+        self._data_ref = data_ref
         self._all_clients = np.arange(dataset.num_clients)
         self.test_slices = eval_slices(len(dataset.y_test), ray_cfg.num_workers)
         self.eval_every, self.rounds = server_spec.eval_every, server_spec.rounds
@@ -179,6 +211,8 @@ class RayExecutor:
             ).personal
             is not None
         )
+        self.retries = 0  # actor losses survived so far
+        self.retry_seconds = 0.0  # wall time spent re-running lost work
         pings = [w.ping.remote() for w in self.workers] + [self.server.dim.remote()]
         ready, pending = ray.wait(pings, num_returns=len(pings), timeout=ACTOR_START_TIMEOUT_S)
         if pending:
@@ -191,18 +225,123 @@ class RayExecutor:
                 f"{ray.cluster_resources()}"
             )
         ray.get(ready)
+        self._save_round_checkpoint()
+
+    # ------------------------------------------------------------ fault tolerance
+    def _save_round_checkpoint(self) -> None:
+        """References to the current server (and client) state, kept in the object store."""
+        self._ckpt_server = self.server.state_dict.remote()
+        self._ckpt_clients = (
+            [w.client_state.remote() for w in self.workers] if self.personal else None
+        )
+
+    def _restore_round_checkpoint(self) -> None:
+        ray = self._ray
+        calls = [self.server.load_state_dict.remote(self._ckpt_server)]
+        if self._ckpt_clients is not None:
+            calls += [
+                w.restore_client_state.remote(ref)
+                for w, ref in zip(self.workers, self._ckpt_clients)
+            ]
+        ray.get(calls)
+
+    def _lost(self, rnd: int, what: str, error: Exception) -> None:
+        self.retries += 1
+        self._round_losses += 1
+        print(
+            f"dpfl: round {rnd + 1}: {what} died ({type(error).__name__}); "
+            f"retry {self._round_losses} of {self.max_restarts}",
+            file=sys.stderr,
+        )
+        if self._round_losses > self.max_restarts:
+            raise WorkerLostError(
+                f"round {rnd + 1}: {what} died {self._round_losses} times, more than "
+                f"ray.max_worker_restarts={self.max_restarts}; stopping. The "
+                f"{rnd} completed rounds are intact."
+            ) from error
+
+    def _await_restart(self, actor, what: str, rnd: int) -> None:
+        """Block until ``actor`` answers again after a loss (Ray is restarting it)."""
+        ray = self._ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+
+        deadline = time.perf_counter() + ACTOR_START_TIMEOUT_S
+        while time.perf_counter() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=10)
+                return
+            except (ActorUnavailableError, GetTimeoutError):
+                time.sleep(0.1)
+            except ActorDiedError as e:
+                raise WorkerLostError(
+                    f"round {rnd + 1}: {what} is dead and will not restart "
+                    f"(ray.max_worker_restarts={self.max_restarts} used up); stopping. "
+                    f"The {rnd} completed rounds are intact."
+                ) from e
+        raise WorkerLostError(
+            f"round {rnd + 1}: {what} did not come back within {ACTOR_START_TIMEOUT_S:.0f} s"
+        )
+
+    def _train_shards(self, rnd: int, shards, weights_ref, public_ref) -> list:
+        """Partial-sum refs of every shard; a dead worker's shard is re-run (only it)."""
+        ray = self._ray
+        from ray.exceptions import RayActorError
+
+        def submit(i: int):
+            return (
+                self.workers[i]
+                .train_shard_counted.options(num_returns=2)
+                .remote(weights_ref, rnd, shards[i], public_ref)
+            )
+
+        refs = [submit(i) for i in range(len(self.workers))]
+        partials = [r[0] for r in refs]
+        pending = {i: refs[i][1] for i in range(len(refs))}
+        while pending:
+            i = next(iter(pending))
+            try:
+                ray.get(pending[i])
+                del pending[i]
+            except RayActorError as e:
+                t0 = time.perf_counter()
+                what = f"{self.run_name}:client-worker-{i}"
+                self._lost(rnd, what, e)
+                self._await_restart(self.workers[i], what, rnd)
+                if self.personal:  # its per-client state went with it
+                    self.retry_seconds += time.perf_counter() - t0
+                    raise _RestartRound() from e
+                partials[i], pending[i] = submit(i)
+                self.retry_seconds += time.perf_counter() - t0
+        return partials
 
     def run_round(self, rnd: int) -> dict:
+        from ray.exceptions import RayActorError
+
+        self._round_losses = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                row = self._run_round_once(rnd)
+                break
+            except (_RestartRound, RayActorError) as e:
+                if isinstance(e, RayActorError):
+                    self._lost(rnd, "the server or a client-worker", e)
+                    for a in [self.server, *self.workers]:
+                        self._await_restart(a, "an actor", rnd)
+                self._restore_round_checkpoint()
+                self.retry_seconds += time.perf_counter() - t0
+        self._save_round_checkpoint()
+        row["actor_retries_nonprivate"] = self.retries
+        return row
+
+    def _run_round_once(self, rnd: int) -> dict:
         ray = self._ray
         cohort_ref, weights_ref, public_ref = self.server.begin_round.options(num_returns=3).remote(
             rnd
         )
         cohort = ray.get(cohort_ref)
         shards = shard_cohort(cohort, len(self.workers))
-        partial_refs = [
-            w.train_shard.remote(weights_ref, rnd, shard, public_ref)
-            for w, shard in zip(self.workers, shards)
-        ]
+        partial_refs = self._train_shards(rnd, shards, weights_ref, public_ref)
         del weights_ref, public_ref
         row = ray.get(self.server.finish_round.remote(rnd, *partial_refs, evaluate=False))
         eval_round = is_eval_round(rnd, self.eval_every, self.rounds)
@@ -249,6 +388,7 @@ class RayExecutor:
             mine = {c: v for c, v in clients.items() if int(c) % k == i}
             calls.append(w.restore_client_state.remote(mine))
         ray.get(calls)
+        self._save_round_checkpoint()
 
     def close(self) -> None:
         ray = self._ray
@@ -260,6 +400,8 @@ class RayExecutor:
                     pass
         self.workers = []
         self.server = None
+        self._data_ref = None
+        self._ckpt_server = self._ckpt_clients = None
         if self._owns_ray:
             time.sleep(0.1)
             ray.shutdown()

@@ -1,0 +1,124 @@
+"""Run twice in a fresh local Ray: uninterrupted, then with one client-worker SIGKILLed
+mid-round (found through Ray's state API). Prints one JSON line with both results.
+
+Used by ``test_fault_tolerance.py`` as a subprocess: the state API needs the
+dashboard, which the test session's shared Ray instance runs without.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import ray
+
+from engine.config import load_config, replace
+from engine.simulate import simulate
+
+KILL_AFTER_ROUND = 2
+KILL_DELAY_S = 0.6
+
+
+def config(algorithm: str, restarts: int):
+    return load_config(
+        overrides=[
+            f"algorithm={algorithm}",
+            "dataset.num_clients=40",
+            "dataset.synthetic_mean_samples=300",
+            "dataset.synthetic_dim=60",
+            "sampling.rate=0.5",
+            "rounds=5",
+            "eval.every=1",
+            "model.name=mlp",
+            "local.epochs=3",
+            "local.batch_size=4",
+            "local.lr=0.05",
+            "privacy.noise_multiplier=0.8",
+            "ray.executor=ray",
+            "ray.num_workers=2",
+            "ray.num_cpus_per_worker=1",
+            f"ray.max_worker_restarts={restarts}",
+        ]
+    )
+
+
+def worker_pid(name: str, address: str) -> int:
+    """The process id of the live actor ``name``, from Ray's state API."""
+    from ray.util.state import list_actors
+
+    for _ in range(50):
+        alive = list_actors(
+            address=address, filters=[("name", "=", name), ("state", "=", "ALIVE")], detail=True
+        )
+        if alive:
+            return int(alive[0].pid)
+        time.sleep(0.1)
+    raise RuntimeError(f"no ALIVE actor named {name}")
+
+
+def run(
+    algorithm: str, restarts: int, kills: int, target: str, name: str, address: str, out: str
+) -> dict:
+    """One run; ``kills`` times, 0.6 s into the round after round 2, SIGKILL the actor
+    ``target`` (``client-worker-1`` or ``server``). Results go to ``out``."""
+    killed: list[dict] = []
+    stats: dict = {}
+
+    def kill_later(row, executor) -> None:
+        stats["executor"] = executor
+        if row["round"] < KILL_AFTER_ROUND or len(killed) >= kills:
+            return
+        pid = worker_pid(f"{name}:{target}", address)
+
+        def kill() -> None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append({"round": row["round"] + 1, "pid": pid})
+
+        threading.Timer(KILL_DELAY_S, kill).start()
+        time.sleep(0.01)
+
+    outcome: dict = {"error": None}
+    t0 = time.perf_counter()
+    try:
+        cfg = replace(config(algorithm, restarts), out=out)
+        result = simulate(cfg, run_name=name, on_round=kill_later)
+        outcome["weights"] = result.weights.tolist()
+        outcome["rows"] = result.rounds.drop(columns="wall_time_s").to_dict("list")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        outcome["error"] = f"{type(e).__name__}: {e}"
+    ex = stats.get("executor")
+    outcome.update(
+        kills=len(killed),
+        retries=getattr(ex, "retries", None),
+        retry_seconds=getattr(ex, "retry_seconds", None),
+        seconds=time.perf_counter() - t0,
+    )
+    return outcome
+
+
+def main() -> None:
+    """argv: OUT_DIR algorithm:restarts:kills:target ... — one JSON line of outcomes."""
+    ctx = ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    address = f"http://{ctx.dashboard_url}"
+    results = {}
+    out_dir = sys.argv[1]
+    for k, spec in enumerate(sys.argv[2:]):
+        algorithm, restarts, kills, target = spec.split(":")
+        out = f"{out_dir}/run{k}"
+        results[spec] = run(algorithm, int(restarts), int(kills), target, f"run{k}", address, out)
+    print("RESULT " + json.dumps(results))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

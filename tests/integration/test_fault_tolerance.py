@@ -1,0 +1,90 @@
+"""A SIGKILLed client-worker or server costs a retry, not the run, and changes nothing.
+
+``fault_run.py`` runs in its own Ray (with the dashboard, which the state API needs):
+an uninterrupted run and runs whose ``client-worker-1`` or ``server`` actor is found
+through ``ray.util.state.list_actors`` and SIGKILLed 0.6 s into round 3. The killed
+runs must equal the uninterrupted ones bit for bit — weights, every round's ε and
+metrics — and a run allowed no restarts must stop with a clear error, leaving its
+completed rounds on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+SCRIPT = Path(__file__).with_name("fault_run.py")
+SCENARIOS = [
+    "dp_fedavg:3:0:none",
+    "dp_fedavg:3:1:client-worker-1",
+    "dp_fedavg:3:1:server",
+    "dp2_fedsam:3:0:none",
+    "dp2_fedsam:3:1:client-worker-1",
+    "dp_fedavg:0:1:client-worker-1",
+]
+IGNORED = ("actor_retries_nonprivate",)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("faults")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), *SCENARIOS],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :]), out
+
+
+def _same_run(clean: dict, faulty: dict) -> None:
+    assert faulty["error"] is None
+    assert faulty["kills"] == 1 and faulty["retries"] == 1  # the loss was seen and survived
+    assert np.array_equal(np.array(clean["weights"]), np.array(faulty["weights"]))
+    for col, values in clean["rows"].items():
+        if col not in IGNORED:
+            assert faulty["rows"][col] == pytest.approx(values, nan_ok=True, rel=0, abs=0), col
+
+
+@pytest.mark.parametrize(
+    ("clean", "faulty"),
+    [
+        ("dp_fedavg:3:0:none", "dp_fedavg:3:1:client-worker-1"),
+        ("dp_fedavg:3:0:none", "dp_fedavg:3:1:server"),
+        ("dp2_fedsam:3:0:none", "dp2_fedsam:3:1:client-worker-1"),
+    ],
+)
+def test_killed_actor_gives_identical_run(outcomes, clean: str, faulty: str) -> None:
+    results, _ = outcomes
+    _same_run(results[clean], results[faulty])
+    assert results[faulty]["rows"]["epsilon"] == results[clean]["rows"]["epsilon"]
+
+
+def test_no_restarts_left_stops_with_rounds_intact(outcomes) -> None:
+    results, out = outcomes
+    spec = "dp_fedavg:0:1:client-worker-1"
+    stopped = results[spec]
+    assert stopped["error"].startswith("WorkerLostError")
+    assert "ray.max_worker_restarts=0" in stopped["error"]
+    rows = pd.read_parquet(out / f"run{SCENARIOS.index(spec)}" / "rounds.parquet")
+    clean = results["dp_fedavg:3:0:none"]["rows"]
+    assert list(rows["round"]) == [1, 2]
+    assert list(rows["epsilon"]) == clean["epsilon"][:2]
+    assert list(rows["test_accuracy"]) == clean["test_accuracy"][:2]
+
+
+def test_restart_cost_is_reported(outcomes) -> None:
+    """The executor measures the wall time a loss cost (restart plus re-run)."""
+    results, _ = outcomes
+    for spec in ("dp_fedavg:3:1:client-worker-1", "dp_fedavg:3:1:server"):
+        assert 0 < results[spec]["retry_seconds"] < results[spec]["seconds"]
