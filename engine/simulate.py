@@ -27,6 +27,7 @@ from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
 from engine.data import FederatedDataset, build_dataset, check_dataset_files
 from engine.executors import Executor, LocalExecutor, RayExecutor
+from engine.metrics import RunMetrics
 from engine.models import build_model
 from engine.privacy.accounting import (
     CalibrationError,
@@ -256,6 +257,7 @@ def simulate(
     resume: dict | None = None,
     on_round: Callable[[dict, Executor], None] | None = None,
     run_name: str = "dpfl",
+    trial: str = "",
 ) -> SimulationResult:
     """Run one simulation and return its rounds as a DataFrame.
 
@@ -268,7 +270,9 @@ def simulate(
         resume: An ``Executor.checkpoint()`` to continue from (the rounds it holds are
             not re-run; results are identical to an uninterrupted run).
         on_round: Called after every round with the row and the executor.
-        run_name: Prefix of the Ray actor names (unique per concurrent run).
+        run_name: Prefix of the Ray actor names (unique per concurrent run); also the
+            ``run`` tag of the dashboard metrics (:mod:`engine.metrics`).
+        trial: The ``trial`` tag of the dashboard metrics (Tune's trial id).
     """
     prep = prepare(config, dataset)
     plan = prep.plan
@@ -310,6 +314,7 @@ def simulate(
     if config.algo.client_state == "disk":
         state_dir = str((out_dir if write else Path(tempfile.mkdtemp())) / "client_state")
     executor = make_executor(prep, run_name=run_name, state_dir=state_dir)
+    metrics = RunMetrics(run_name, trial, config.algorithm)
     t0 = time.perf_counter()
     last_acc = math.nan
     start = 0
@@ -320,16 +325,18 @@ def simulate(
             bar.update(start)
     try:
         for rnd in range(start, config.rounds):
+            t_round = time.perf_counter()
             row = executor.run_round(rnd)
             row.update(static)
             row["wall_time_s"] = time.perf_counter() - t0
+            if not math.isnan(row["test_accuracy"]):
+                last_acc = row["test_accuracy"]
+            metrics.record({**row, "test_accuracy": last_acc}, time.perf_counter() - t_round)
             rows.append(row)
             if writer is not None:
                 writer.append(row)
             if on_round is not None:
                 on_round(row, executor)
-            if not math.isnan(row["test_accuracy"]):
-                last_acc = row["test_accuracy"]
             if bar is not None:
                 bar.set_postfix(acc=f"{last_acc:.3f}", eps=f"{row['epsilon']:.3g}")
                 bar.update(1)

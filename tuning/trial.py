@@ -149,6 +149,13 @@ def make_trainable(
             else:
                 tune.report(metrics)
 
-        simulate(config, write=False, resume=resume, on_round=on_round, run_name=trial_name)
+        simulate(
+            config,
+            write=False,
+            resume=resume,
+            on_round=on_round,
+            run_name=trial_name,
+            trial=trial_id,
+        )
 
     return trainable
