@@ -17,12 +17,20 @@ from engine.config import ConfigError, load_config
 def _run(args: argparse.Namespace) -> int:
     from engine.simulate import simulate
 
-    config = load_config(args.config, args.set)
+    resume = None
+    if args.resume:
+        from engine.simulate import load_run
+
+        if args.config or args.set:
+            raise ConfigError("--resume continues a run with its saved config: drop --config/--set")
+        config, resume = load_run(args.resume)
+    else:
+        config = load_config(args.config, args.set)
     if args.executor:
         from engine.config import replace
 
         config = replace(config, **{"ray.executor": args.executor})
-    result = simulate(config, progress=not args.quiet)
+    result = simulate(config, progress=not args.quiet, resume=resume)
     p = result.privacy
     acc = result.final_accuracy
     if p["private"]:
@@ -177,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a key"
     )
     run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    run.add_argument(
+        "--resume", metavar="DIR", help="continue an interrupted run from its results folder"
+    )
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     run.set_defaults(func=_run)
 

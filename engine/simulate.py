@@ -248,6 +248,39 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
     return RayExecutor(prep.dataset, server, local, cfg.ray, run_name=run_name)
 
 
+CHECKPOINT_FILE = "checkpoint.pkl"
+
+
+def save_checkpoint(out_dir: Path, state: dict) -> None:
+    """Atomically write the executor's round checkpoint (after the round's row)."""
+    import os
+    import pickle
+
+    path = Path(out_dir) / CHECKPOINT_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(pickle.dumps(state))
+    os.replace(tmp, path)
+
+
+def load_run(out_dir: str | Path) -> tuple[RunConfig, dict]:
+    """(config, checkpoint) of an interrupted ``dpfl run`` whose results are in
+    ``out_dir``; raises ConfigError naming the missing file."""
+    import json
+    import pickle
+
+    from engine.config import config_from_dict, replace
+
+    out = Path(out_dir)
+    for name in ("config.json", CHECKPOINT_FILE):
+        if not (out / name).exists():
+            raise ConfigError(
+                f"--resume {out}: {out / name} is missing (expected the folder of a dpfl run)"
+            )
+    config = config_from_dict(json.loads((out / "config.json").read_text())["config"])
+    state = pickle.loads((out / CHECKPOINT_FILE).read_bytes())
+    return replace(config, out=str(out)), state
+
+
 def simulate(
     config: RunConfig,
     *,
@@ -264,8 +297,10 @@ def simulate(
     Args:
         config: The run configuration.
         progress: Show a progress bar (round, accuracy, ε spent).
-        write: Write ``config.json`` and ``rounds.parquet`` under ``config.out``
-            (default ``results/<timestamp>-<algorithm>/``).
+        write: Write ``config.json``, ``rounds.parquet`` and, after every round,
+            ``checkpoint.pkl`` (model, server and per-client state) under
+            ``config.out`` (default ``results/<timestamp>-<algorithm>/``); a crashed
+            run continues with ``dpfl run --resume DIR`` (:func:`load_run`).
         dataset: Use this dataset instead of building one from ``config.dataset``.
         resume: An ``Executor.checkpoint()`` to continue from (the rounds it holds are
             not re-run; results are identical to an uninterrupted run).
@@ -305,6 +340,12 @@ def simulate(
         **resolved_hyperparameters(prep.pipeline),
     }
     rows: list[dict[str, Any]] = []
+    if resume is not None and writer is not None and writer.path.exists():
+        # Rows written after the checkpoint are recomputed (identically) below.
+        done = int(resume["server"]["rounds_done"])
+        previous = pd.read_parquet(writer.path)
+        rows = previous[previous["round"] <= done].to_dict("records")
+        writer.rows = [dict(r) for r in rows]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -335,6 +376,7 @@ def simulate(
             rows.append(row)
             if writer is not None:
                 writer.append(row)
+                save_checkpoint(out_dir, executor.checkpoint())
             if on_round is not None:
                 on_round(row, executor)
             if bar is not None:
