@@ -291,6 +291,7 @@ class RayConfig:
     clients_per_worker_batch: int | None = None  # None: chosen from memory; 1: one by one
     max_worker_restarts: int = 3
     gpu_memory_safety: float = 0.2
+    gpu_packing: str = "fixed"  # fixed: num_gpus_per_worker; memory: measured workers/GPU
 
     def __post_init__(self) -> None:
         _check(
@@ -320,6 +321,12 @@ class RayConfig:
             "ray.max_worker_restarts",
             self.max_worker_restarts,
             "must be >= 0",
+        )
+        _check(
+            self.gpu_packing in ("fixed", "memory"),
+            "ray.gpu_packing",
+            self.gpu_packing,
+            "must be fixed or memory",
         )
         _check(
             0 <= self.gpu_memory_safety < 1,

@@ -177,13 +177,21 @@ class RayExecutor:
         self._owns_ray = ensure_ray(ray_cfg, include_dashboard)
         self.run_name = run_name
         self.max_restarts = int(ray_cfg.max_worker_restarts)
+        from engine.resources import plan_gpu_share
+
+        gpus, measured = plan_gpu_share(
+            ray_cfg, local_spec.model_name, dataset, local_spec.batch_size
+        )
+        self.gpu_plan = {"num_gpus_per_worker": gpus, **measured}
+        if measured:
+            print(f"dpfl: GPU packing {self.gpu_plan}", file=sys.stderr)
         data_ref = ray.put(dataset)
         worker_cls = ray.remote(ClientWorker)
         server_cls = ray.remote(Server)
         self.workers = [
             worker_cls.options(
                 num_cpus=ray_cfg.num_cpus_per_worker,
-                num_gpus=ray_cfg.num_gpus_per_worker,
+                num_gpus=gpus,
                 name=f"{run_name}:client-worker-{i}",
                 max_concurrency=1,
                 max_restarts=self.max_restarts,

@@ -1,0 +1,108 @@
+"""Worker resources: how many client-workers share one GPU, chosen from measured memory.
+
+Ray's fractional ``num_gpus`` is a scheduling label: it does not stop four workers
+from each allocating more than a quarter of the GPU. With ``ray.gpu_packing=memory``
+the engine measures, once at start-up, the peak GPU memory of one worker (CUDA
+context, model, one local step on a group of clients) in a probe task that holds a
+whole GPU, and packs ``k = floor(free · (1 − ray.gpu_memory_safety) / peak)``
+workers per GPU, i.e. ``num_gpus_per_worker = 1/k``. CPU threads per worker follow
+its CPU share (``torch.set_num_threads(max(1, floor(num_cpus_per_worker)))``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuMeasurement:
+    """One worker's footprint on one GPU (bytes)."""
+
+    device: str
+    total_bytes: int
+    free_bytes: int  # free before the probe created its CUDA context
+    worker_peak_bytes: int  # CUDA context + allocator peak of one worker
+
+
+def workers_per_gpu(m: GpuMeasurement, safety: float, max_workers: int = 64) -> int:
+    """How many workers fit on the GPU with ``safety`` of its free memory kept spare."""
+    if not 0 <= safety < 1:
+        raise ValueError(f"ray.gpu_memory_safety={safety}: must be in [0, 1)")
+    if m.worker_peak_bytes <= 0:
+        raise ValueError(f"measured worker peak {m.worker_peak_bytes} bytes: must be > 0")
+    usable = m.free_bytes * (1.0 - safety)
+    k = int(math.floor(usable / m.worker_peak_bytes))
+    if k < 1:
+        raise ValueError(
+            f"one worker needs {m.worker_peak_bytes / 2**30:.2f} GiB on {m.device} but only "
+            f"{usable / 2**30:.2f} GiB are usable (free {m.free_bytes / 2**30:.2f} GiB, "
+            f"ray.gpu_memory_safety={safety}); use a smaller model, "
+            "local.batch_size or ray.clients_per_worker_batch"
+        )
+    return min(k, max_workers)
+
+
+def measure_worker_gpu(
+    model_name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    batch_size: int,
+    group: int = 1,
+) -> GpuMeasurement:
+    """Peak GPU memory of one worker running one local SGD step on ``group`` clients'
+    batches (run where a GPU is visible; a Ray task with ``num_gpus=1``)."""
+    import torch
+    from torch import nn
+
+    from engine.models import build_model
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_worker_gpu needs a visible CUDA GPU")
+    dev = torch.device("cuda", 0)
+    free0, total = torch.cuda.mem_get_info(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    model = build_model(model_name, input_shape, num_classes).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if model_name == "char_lstm":
+        x = torch.randint(0, num_classes, (batch_size * group, *input_shape), device=dev)
+    else:
+        x = torch.randn(batch_size * group, *input_shape, device=dev)
+    y = torch.randint(0, num_classes, (batch_size * group,), device=dev)
+    for _ in range(2):  # SAM-style recipes take two gradients per step
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    torch.cuda.synchronize(dev)
+    free1, _ = torch.cuda.mem_get_info(dev)
+    # Context + caching allocator as the driver sees it, plus copies of the flat
+    # weights, the global vector and the float64 partial sum a worker keeps.
+    d = sum(p.numel() for p in model.parameters())
+    peak = (free0 - free1) + max(
+        0, torch.cuda.max_memory_reserved(dev) - torch.cuda.memory_reserved(dev)
+    )
+    peak += d * (4 * 2 + 8)
+    return GpuMeasurement(torch.cuda.get_device_name(dev), int(total), int(free0), int(peak))
+
+
+def plan_gpu_share(ray_cfg, model_name: str, dataset, batch_size: int) -> tuple[float, dict]:
+    """``num_gpus_per_worker`` for ``ray.gpu_packing``: the configured share, or 1/k from
+    a measurement on one of the cluster's GPUs. Returns (share, what was measured)."""
+    import ray
+
+    if ray_cfg.gpu_packing != "memory":
+        return ray_cfg.num_gpus_per_worker, {}
+    if ray.cluster_resources().get("GPU", 0) < 1:
+        return 0.0, {"gpu_packing": "memory: no GPU in the cluster, workers use CPUs"}
+    probe = ray.remote(num_gpus=1, num_cpus=0)(measure_worker_gpu)
+    group = ray_cfg.clients_per_worker_batch or 1
+    m = ray.get(
+        probe.remote(model_name, tuple(dataset.input_shape), dataset.num_classes, batch_size, group)
+    )
+    k = workers_per_gpu(m, ray_cfg.gpu_memory_safety)
+    return 1.0 / k, {
+        "gpu": m.device,
+        "gpu_free_gib": m.free_bytes / 2**30,
+        "worker_peak_gib": m.worker_peak_bytes / 2**30,
+        "workers_per_gpu": k,
+    }
