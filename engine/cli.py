@@ -1,4 +1,5 @@
-"""The ``dpfl`` command line: ``dpfl run``, ``dpfl privacy``, ``dpfl algorithms``.
+"""The ``dpfl`` command line: ``dpfl run``, ``dpfl privacy``, ``dpfl algorithms``, ...,
+and ``dpfl submit`` (any of them as a Ray job on a cluster).
 
 Invalid input exits with status 2 and one line on stderr naming the key and value.
 """
@@ -164,6 +165,18 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from engine.submit import submit
+
+    return submit(
+        args.entrypoint,
+        address=args.address,
+        working_dir=args.working_dir,
+        wait=not args.no_wait,
+        install_deps=args.install_deps,
+    )
+
+
 def _algorithms(_: argparse.Namespace) -> int:
     from algorithms import RECIPES
 
@@ -231,6 +244,32 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("dir", help="a dpfl tune output folder")
     rp.add_argument("--metric", default="test_accuracy")
     rp.set_defaults(func=_report)
+
+    sb = sub.add_parser(
+        "submit",
+        help="run a dpfl command as a Ray job on a cluster",
+        usage="dpfl submit [--address URL] [--working-dir DIR] [--no-wait] [--install-deps] "
+        "-- dpfl COMMAND ...",
+    )
+    sb.add_argument(
+        "--address",
+        help="Ray dashboard URL (default: $RAY_ADDRESS, else http://127.0.0.1:8265)",
+    )
+    sb.add_argument(
+        "--working-dir", default=".", help="folder uploaded as the job's working dir (default .)"
+    )
+    sb.add_argument("--no-wait", action="store_true", help="print the job id and return")
+    sb.add_argument(
+        "--install-deps",
+        action="store_true",
+        help="pip-install dpfl's dependencies for the job (clusters whose image lacks them)",
+    )
+    sb.add_argument(
+        "entrypoint",
+        nargs=argparse.REMAINDER,
+        help="after --: the command to run, e.g. dpfl tune ... --out /shared/exp",
+    )
+    sb.set_defaults(func=_submit)
 
     al = sub.add_parser("algorithms", help="list the algorithms")
     al.set_defaults(func=_algorithms)

@@ -49,9 +49,10 @@ class Executor(Protocol):
 def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
     """Start Ray (or attach to ``ray.address``) unless it is running; True if started.
 
-    The one place dpfl initialises Ray (``dpfl run``, ``compare`` and ``tune``). A local
-    instance gets at least the CPUs the workers declare; attaching to an unreachable
-    cluster is a ConfigError naming ``ray.address``.
+    The one place dpfl initialises Ray (``dpfl run``, ``compare`` and ``tune``). It
+    attaches to ``ray.address``, else to ``$RAY_ADDRESS`` (set by Ray inside a job),
+    else starts a local instance with at least the CPUs the workers declare;
+    attaching to an unreachable cluster is a ConfigError naming the address.
     """
     import ray
 
@@ -60,8 +61,10 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     kwargs: dict = {"log_to_driver": True, "configure_logging": False}
-    if ray_cfg.address:
-        kwargs["address"] = ray_cfg.address
+    # Inside a Ray job (dpfl submit) Ray sets RAY_ADDRESS: attach, never start a new one.
+    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        kwargs["address"] = address
     else:
         need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
@@ -72,9 +75,10 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
     try:
         context = ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        if ray_cfg.address:
+        if address:
+            key = "ray.address" if ray_cfg.address else "$RAY_ADDRESS"
             raise ConfigError(
-                f"ray.address={ray_cfg.address!r}: cannot attach to a Ray cluster "
+                f"{key}={address!r}: cannot attach to a Ray cluster "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             ) from None
         raise
