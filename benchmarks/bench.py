@@ -1,0 +1,884 @@
+"""Benchmark dpfl against a plain single-process PyTorch DP-FedAvg loop on one workload.
+
+Usage::
+
+    python benchmarks/bench.py [--workload cnn|logreg|resnet18_gn] [--rounds N]
+        [--workers 2] [--clients-per-batch K] [--repeats R] [--quick] [--json FILE]
+
+One invocation runs the same workload twice — once through dpfl (``simulate`` with the
+Ray executor: ``--workers`` client-worker actors of one CPU each plus the server actor)
+and once through a plain loop written in this file (one process, one torch thread) —
+and prints wall time, round-loop time, client updates per second, peak memory
+(``VmHWM`` of the driver and of every Ray actor process) and final test accuracy of
+each, the ratio dpfl / plain, and PASS/MISS against the target
+"cnn on 2 CPU workers: dpfl ≤ 0.75 × plain; with vectorised clients and parallel
+evaluation ≤ 0.6 ×". With ``--repeats R`` the two sides run alternately R times and
+the medians are reported.
+
+What is shared and what is independent
+--------------------------------------
+* **Shared with the engine** (to build identical inputs, not to train):
+  ``engine.models.build_model`` for the architecture *and* its initialisation (the
+  plain loop calls it with the same seeded generator, so both sides start from the
+  same weights); ``engine.data`` for the :class:`FederatedDataset` container and, for
+  the ``logreg`` workload, the engine's own ``synthetic`` generator
+  (``build_dataset`` with the stream ``simulate`` uses); ``engine.config`` /
+  ``engine.simulate`` to run the dpfl side.
+* **Independent** (this file's own code; it imports nothing from ``engine.client``,
+  ``engine.server``, ``engine.privacy``, ``engine.executors``, ``engine.rng`` or
+  ``algorithms`` — ``simulate`` uses them, the plain loop never does): the local SGD
+  loop, the minibatch order, the cohort sampling, the clipping, the Gaussian noise,
+  the server update and the evaluation. The random streams are re-implemented from
+  ``engine/rng.py``'s recipe (a ``numpy.random.SeedSequence`` over
+  ``(seed, stream, round[, client])``) so that both sides draw the same cohorts
+  (``g.random(N) < q``), the same minibatch order (a ``torch.randperm`` per epoch,
+  batches of B, indices sorted within a batch) and the same server noise
+  (``torch.randn`` float64 × zC). The two runs therefore differ only
+  by floating-point rounding (summation order, batched kernels, the engine's
+  overflow-safe clipping) and agree closely: the report gives the relative L2
+  difference of the two final models and the accuracy difference, which must be
+  within 0.03 (exit status 1 otherwise, except with ``--quick``).
+* ε is reported from dpfl's accountant only; the plain loop does not account privacy.
+
+What is measured
+----------------
+* ``wall``: plain — model build, all rounds, final evaluation; dpfl — the whole
+  ``simulate(...)`` call (checks, ``ray.put`` of the dataset, starting the worker and
+  server actors, all rounds, final evaluation, shutting the actors down). Starting Ray
+  itself (``ray.init(address="local", num_cpus=max(2, W), include_dashboard=False)``,
+  once per invocation) is in neither and is printed as ``ray startup``.
+* ``round loop``: plain — the rounds and the final evaluation; dpfl — the last
+  round's ``wall_time_s`` (from the first round's start to the end of the last round,
+  evaluation included).
+* ``ratio`` = dpfl wall / plain wall (the PASS/MISS basis); the round-loop ratio is
+  printed too. ``client updates/s`` = trained clients / wall (and / round loop).
+* Peak memory: ``VmHWM`` from ``/proc/<pid>/status``. The driver's high-water mark is
+  reset (``/proc/self/clear_refs``) before each side, so the plain figure is the plain
+  loop's peak in the driver and the dpfl figures are sampled in ``simulate``'s
+  ``on_round`` callback at the last round, for the driver and for each actor of the
+  run (PIDs from ``ray.util.state.list_actors`` when the dashboard's API server
+  runs — it does not here —, else from the GCS actor table, else from the actors).
+  Each process's figure includes the ~0.8 GiB of imported libraries (torch, Ray).
+* Timings are wall-clock on a possibly shared machine: the load average at start and
+  end is printed; use ``--repeats`` (alternating sides, medians) to smooth noise.
+
+Workloads (``--quick`` shrinks each to seconds: 200 clients with ~20 examples, q = 0.25,
+4 rounds, z = 0.3 so that four rounds visibly learn, 12×12 images for ``cnn``):
+
+* ``cnn``: MNIST-shaped (1×28×28, 10 classes) synthetic data generated here (class
+  templates + noise + random shifts; offline), 500 clients with ~60 training examples
+  each, the FedAvg CNN, Poisson q = 0.1 (expected cohort 50), 1 local epoch of batch 10,
+  lr 0.05, C = 1, z = 1, 20 rounds, evaluation once at the end.
+* ``logreg``: the engine's Synthetic(1, 1) data, 1000 clients, q = 0.05 (cohort 50),
+  logistic regression, 1 local epoch of batch 10, lr 0.2, C = 1, z = 1, 20 rounds.
+* ``resnet18_gn``: CIFAR-shaped (3×32×32) synthetic data, GN-ResNet-18. The plain loop
+  uses CUDA when available; dpfl then gets ``ray.num_gpus_per_worker = 1/W`` and the
+  device its workers actually trained on is reported. Small on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+# Run as ``python benchmarks/bench.py``: use the checkout this file lives in (Ray's
+# workers inherit the driver's sys.path), whether or not dpfl is installed.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from engine.config import load_config  # noqa: E402
+from engine.data import build_dataset  # noqa: E402
+from engine.data.federated import FederatedDataset  # noqa: E402
+from engine.models import build_model  # noqa: E402
+from engine.simulate import SimulationResult, simulate  # noqa: E402
+
+ACCURACY_TOLERANCE = 0.03
+TARGET_RATIO = 0.75  # cnn on 2 CPU workers
+TARGET_RATIO_VECTORISED = 0.6  # ... with vectorised clients and parallel evaluation
+
+# Stream ids, as documented in engine/rng.py (re-implemented below, not imported).
+SAMPLING, NOISE, CLIENT_DATA, MODEL_INIT, DATA = 1, 2, 3, 4, 5
+
+
+# --------------------------------------------------------------------------- streams
+def derive_seed(seed: int, *key: int) -> int:
+    """A 63-bit seed from (seed, *key): ``SeedSequence`` state, shifted right by one."""
+    ss = np.random.SeedSequence([int(seed), *[int(k) for k in key]])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def numpy_stream(seed: int, *key: int) -> np.random.Generator:
+    """A numpy generator keyed by (seed, *key)."""
+    return np.random.default_rng(derive_seed(seed, *key))
+
+
+def torch_stream(seed: int, *key: int) -> torch.Generator:
+    """A CPU torch generator keyed by (seed, *key)."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(derive_seed(seed, *key))
+    return g
+
+
+def poisson_cohort(num_clients: int, rate: float, seed: int, rnd: int) -> np.ndarray:
+    """Round ``rnd``'s Poisson cohort: every client joins with probability ``rate``."""
+    g = numpy_stream(seed, SAMPLING, rnd)
+    return np.flatnonzero(g.random(num_clients) < rate).astype(np.int64)
+
+
+def minibatches(
+    idx: np.ndarray, batch_size: int, epochs: int, seed: int, rnd: int, client: int
+) -> Iterator[np.ndarray]:
+    """``epochs`` shuffled passes over ``idx`` in batches (last one may be short);
+    each batch's indices sorted."""
+    n = len(idx)
+    if n == 0:
+        return
+    gen = torch_stream(seed, CLIENT_DATA, rnd, client)
+    for _ in range(epochs):
+        order = idx[torch.randperm(n, generator=gen).numpy()]
+        for start in range(0, n, batch_size):
+            yield np.sort(order[start : start + batch_size])
+
+
+# --------------------------------------------------------------------------- workloads
+@dataclass(frozen=True)
+class Workload:
+    """One fixed benchmark workload: data, model, cohort, local steps, clip and noise."""
+
+    name: str
+    model: str
+    data: str  # "templates" (generated here) or "synthetic" (engine's generator)
+    config_dataset: str  # dataset.name given to dpfl (the data object is passed in)
+    num_clients: int
+    mean_samples: int  # average training examples per client
+    input_shape: tuple[int, ...]
+    num_classes: int
+    test_size: int
+    rate: float  # Poisson sampling rate q
+    rounds: int
+    epochs: int
+    batch_size: int
+    lr: float
+    clip_norm: float
+    noise_multiplier: float
+    seed: int = 0
+    gpu: bool = False  # use CUDA in both when available
+
+
+WORKLOADS: dict[str, Workload] = {
+    "cnn": Workload(
+        name="cnn",
+        model="cnn",
+        data="templates",
+        config_dataset="mnist",
+        num_clients=500,
+        mean_samples=60,
+        input_shape=(1, 28, 28),
+        num_classes=10,
+        test_size=2000,
+        rate=0.1,
+        rounds=20,
+        epochs=1,
+        batch_size=10,
+        lr=0.05,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+    ),
+    "logreg": Workload(
+        name="logreg",
+        model="logreg",
+        data="synthetic",
+        config_dataset="synthetic",
+        num_clients=1000,
+        mean_samples=60,
+        input_shape=(60,),
+        num_classes=10,
+        test_size=0,  # the union of the clients' held-out splits (engine's rule)
+        rate=0.05,
+        rounds=20,
+        epochs=1,
+        batch_size=10,
+        lr=0.2,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+    ),
+    "resnet18_gn": Workload(
+        name="resnet18_gn",
+        model="resnet18_gn",
+        data="templates",
+        config_dataset="cifar10",
+        num_clients=100,
+        mean_samples=40,
+        input_shape=(3, 32, 32),
+        num_classes=10,
+        test_size=1000,
+        rate=0.1,
+        rounds=5,
+        epochs=1,
+        batch_size=16,
+        lr=0.05,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        gpu=True,
+    ),
+}
+
+RESNET_CPU = {"num_clients": 20, "mean_samples": 24, "rate": 0.25, "rounds": 2, "test_size": 200}
+
+
+def quick_variant(w: Workload) -> Workload:
+    """Tiny sizes for CI (seconds per side on 2 cores). The noise multiplier is lowered
+    to 0.3 (in both sides) so that four rounds visibly learn."""
+    small: dict[str, Any] = {
+        "num_clients": 200,
+        "mean_samples": 20,
+        "rate": 0.25,
+        "rounds": 4,
+        "noise_multiplier": 0.3,
+    }
+    if w.data == "templates":
+        small["test_size"] = 400
+        small["lr"] = 0.2
+        if w.model == "cnn":
+            small["input_shape"] = (1, 12, 12)
+        else:
+            small.update(input_shape=(w.input_shape[0], 8, 8), num_clients=16, mean_samples=8)
+    return dataclasses.replace(w, **small)
+
+
+def make_template_data(w: Workload) -> FederatedDataset:
+    """Learnable image data: per-class smooth random templates, a random shift of up to
+    2 pixels, per-example contrast and pixel noise; IID clients with 0.5–1.5× the mean
+    number of examples; a separate test set. Deterministic in ``w.seed``."""
+    rng = numpy_stream(w.seed, DATA)
+    c, h, wd = w.input_shape
+    coarse = rng.normal(0.0, 1.0, (w.num_classes, c, max(2, h // 4), max(2, wd // 4)))
+    shared = rng.normal(0.0, 1.0, (1, c, max(2, h // 4), max(2, wd // 4)))
+    coarse = 0.6 * shared + 0.8 * coarse  # classes share structure: not linearly trivial
+    ry, rx = -(-h // coarse.shape[2]), -(-wd // coarse.shape[3])
+    templates = np.kron(coarse, np.ones((1, 1, ry, rx)))[:, :, :h, :wd]
+    sizes = rng.integers(w.mean_samples // 2, w.mean_samples * 3 // 2 + 1, w.num_clients)
+    n_train = int(sizes.sum())
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.integers(0, w.num_classes, n)
+        x = templates[y] * rng.uniform(0.5, 1.5, (n, 1, 1, 1))
+        shifts = rng.integers(-2, 3, (n, 2))
+        for s in np.unique(shifts, axis=0):
+            m = (shifts == s).all(1)
+            x[m] = np.roll(x[m], (int(s[0]), int(s[1])), axis=(2, 3))
+        x = x + rng.normal(0.0, 1.5, x.shape)
+        return x.astype(np.float32), y.astype(np.int64)
+
+    x_train, y_train = draw(n_train)
+    x_test, y_test = draw(w.test_size)
+    mu, sd = x_train.mean(), x_train.std() + 1e-6
+    x_train = ((x_train - mu) / sd).astype(np.float32)
+    x_test = ((x_test - mu) / sd).astype(np.float32)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    client_train = [np.arange(bounds[i], bounds[i + 1], dtype=np.int64) for i in range(len(sizes))]
+    return FederatedDataset(
+        name=f"{w.name}-templates",
+        x_train=x_train,
+        y_train=y_train,
+        client_train=client_train,
+        client_test=[np.zeros(0, np.int64) for _ in client_train],
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=w.num_classes,
+        input_shape=tuple(w.input_shape),
+        meta={"partition": "iid", "generator": "benchmarks/bench.py templates"},
+    )
+
+
+def make_dataset(w: Workload) -> FederatedDataset:
+    """The workload's federated dataset (the same object is used by both sides)."""
+    if w.data == "templates":
+        return make_template_data(w)
+    cfg = load_config(
+        overrides=[
+            "dataset.name=synthetic",
+            f"dataset.num_clients={w.num_clients}",
+            f"dataset.synthetic_mean_samples={w.mean_samples}",
+            f"dataset.synthetic_dim={w.input_shape[0]}",
+            f"dataset.synthetic_classes={w.num_classes}",
+            f"seed={w.seed}",
+        ]
+    )
+    # The stream engine.simulate.prepare() uses: (seed, DATA).
+    return build_dataset(cfg.dataset, numpy_stream(w.seed, DATA))
+
+
+# --------------------------------------------------------------------------- memory
+def read_status_kb(pid: int | str, field_name: str = "VmHWM") -> int | None:
+    """A ``/proc/<pid>/status`` field in kB (None if the process or field is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux ``clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def mb(kb: int | None) -> float | None:
+    """kB → MiB (None stays None)."""
+    return None if kb is None else kb / 1024.0
+
+
+def actor_pids(run_name: str, executor: Any) -> tuple[dict[str, int], str]:
+    """PIDs of this run's ALIVE actors (names ``<run>:…``) and how they were found.
+
+    ``ray.util.state.list_actors`` needs the dashboard's API server, which the
+    benchmark does not start; then the GCS actor table is read instead, and as a
+    last resort each actor handle of the executor reports ``os.getpid()``.
+    """
+    import ray
+
+    prefix = f"{run_name}:"
+    try:
+        from ray.util.state import list_actors
+
+        found = {
+            a.name: int(a.pid)
+            for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True, timeout=5)
+            if a.name and a.name.startswith(prefix) and a.pid
+        }
+        if found:
+            return found, "ray.util.state.list_actors"
+    except Exception:  # noqa: BLE001 - no API server without the dashboard
+        pass
+    try:
+        from ray._private import state as gcs_state
+
+        found = {
+            v["Name"]: int(v["Pid"])
+            for v in gcs_state.actors().values()
+            if v.get("State") == "ALIVE" and str(v.get("Name", "")).startswith(prefix)
+        }
+        if found:
+            return found, "gcs actor table (ray._private.state.actors)"
+    except Exception:  # noqa: BLE001 - private API may change
+        pass
+    found = {}
+    handles = [*getattr(executor, "workers", []), getattr(executor, "server", None)]
+    for i, h in enumerate(handles):
+        if h is None:
+            continue
+        name = f"{prefix}server" if i == len(handles) - 1 else f"{prefix}client-worker-{i}"
+        found[name] = int(ray.get(h.__ray_call__.remote(lambda self: os.getpid())))
+    return found, "actor.__ray_call__(os.getpid)"
+
+
+class LastRoundSampler:
+    """``simulate(on_round=...)`` callback: at the last round, record VmHWM of the
+    driver and of every actor of the run (before the executor closes them)."""
+
+    def __init__(self, run_name: str, rounds: int) -> None:
+        self.run_name = run_name
+        self.rounds = rounds
+        self.peak_mb: dict[str, float | None] = {}
+        self.pids: dict[str, int] = {}
+        self.pid_source = ""
+        self.worker_device = "unknown"
+
+    def __call__(self, row: dict, executor: Any) -> None:
+        if int(row["round"]) != self.rounds:
+            return
+        self.pids = {"driver": os.getpid()}
+        self.peak_mb = {"driver": mb(read_status_kb("self"))}
+        try:
+            pids, self.pid_source = actor_pids(self.run_name, executor)
+        except Exception as e:  # noqa: BLE001 - memory is reported best-effort
+            pids, self.pid_source = {}, f"failed: {type(e).__name__}: {e}"
+        for name in sorted(pids):
+            self.pids[name] = pids[name]
+            self.peak_mb[name] = mb(read_status_kb(pids[name]))
+        workers = getattr(executor, "workers", [])
+        if workers:
+            try:
+                import ray
+
+                self.worker_device = str(
+                    ray.get(
+                        workers[0].__ray_call__.remote(
+                            lambda self: str(next(self.model.parameters()).device)
+                        )
+                    )
+                )
+            except Exception:  # noqa: BLE001 - engine internals may change
+                self.worker_device = "unknown"
+
+
+# --------------------------------------------------------------------------- plain loop
+def get_flat(params: list[torch.Tensor]) -> torch.Tensor:
+    """A new vector holding ``params``."""
+    return torch.cat([p.detach().reshape(-1) for p in params]).clone()
+
+
+def set_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` into ``params``."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            k = p.numel()
+            p.copy_(flat[offset : offset + k].view_as(p))
+            offset += k
+
+
+@torch.no_grad()
+def plain_accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device) -> float:
+    """Top-1 accuracy on (x, y) in batches of 2048."""
+    model.eval()
+    correct = 0
+    for s in range(0, len(y), 2048):
+        xb = torch.from_numpy(np.ascontiguousarray(x[s : s + 2048])).to(device)
+        yb = torch.from_numpy(np.ascontiguousarray(y[s : s + 2048])).to(device)
+        correct += int((model(xb).argmax(1) == yb).sum())
+    model.train()
+    return correct / len(y) if len(y) else math.nan
+
+
+def run_plain(w: Workload, ds: FederatedDataset, device: torch.device) -> dict[str, Any]:
+    """DP-FedAvg in this process with one torch thread; returns the measurements."""
+    torch.set_num_threads(1)
+    reset = reset_peak_rss()
+    t0 = time.perf_counter()
+    gen = torch_stream(w.seed, MODEL_INIT)
+    model = build_model(w.model, ds.input_shape, ds.num_classes, gen).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    global_w = get_flat(params)
+    dim = global_w.numel()
+    x_all = torch.from_numpy(ds.x_train)
+    y_all = torch.from_numpy(ds.y_train)
+    if device.type == "cuda":
+        x_all, y_all = x_all.to(device), y_all.to(device)
+    loss_fn = nn.CrossEntropyLoss()
+    denominator = w.rate * w.num_clients
+    updates, norms = 0, []
+    t_loop = time.perf_counter()
+    for rnd in range(w.rounds):
+        cohort = poisson_cohort(w.num_clients, w.rate, w.seed, rnd)
+        total = torch.zeros(dim, dtype=torch.float64, device=device)
+        for c in cohort:
+            set_flat(params, global_w)
+            opt = torch.optim.SGD(params, lr=w.lr, momentum=0.0, weight_decay=0.0)
+            for b in minibatches(ds.client_train[c], w.batch_size, w.epochs, w.seed, rnd, int(c)):
+                bt = torch.from_numpy(b).to(device)
+                xb, yb = x_all[bt].to(device), y_all[bt].to(device)
+                opt.zero_grad(set_to_none=True)
+                loss_fn(model(xb), yb).backward()
+                opt.step()
+            delta = get_flat(params) - global_w  # float32, like the model
+            if not bool(torch.isfinite(delta).all()):
+                delta = torch.zeros_like(delta)
+            norm = float(torch.linalg.vector_norm(delta.double()))
+            if norm > w.clip_norm:  # scale in float64, keep the update's dtype
+                delta = (delta.double() * (w.clip_norm / norm)).to(delta.dtype)
+            total += delta.double()
+            norms.append(norm)
+            updates += 1
+        noise = torch.randn(dim, generator=torch_stream(w.seed, NOISE, rnd), dtype=torch.float64)
+        total = total + (noise * (w.noise_multiplier * w.clip_norm)).to(device)
+        global_w = global_w + (total / denominator).to(torch.float32)
+    set_flat(params, global_w)
+    acc = plain_accuracy(model, ds.x_test, ds.y_test, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    end = time.perf_counter()
+    return {
+        "wall_s": end - t0,
+        "round_loop_s": end - t_loop,
+        "client_updates": updates,
+        "test_accuracy": acc,
+        "mean_update_norm": float(np.mean(norms)) if norms else math.nan,
+        "peak_rss_mb": {"driver (plain loop)": mb(read_status_kb("self"))},
+        "peak_rss_reset": reset,
+        "device": str(device),
+        "_weights": global_w.detach().cpu().numpy(),
+    }
+
+
+# --------------------------------------------------------------------------- dpfl side
+def dpfl_overrides(w: Workload, workers: int, clients_per_batch: int | None, gpu: bool) -> list:
+    """``--set`` overrides expressing the workload for dpfl."""
+    out = [
+        "algorithm=dp_fedavg",
+        f"seed={w.seed}",
+        f"rounds={w.rounds}",
+        f"dataset.name={w.config_dataset}",
+        f"dataset.num_clients={w.num_clients}",
+        f"model.name={w.model}",
+        "sampling.mode=poisson",
+        f"sampling.rate={w.rate}",
+        f"eval.every={w.rounds}",
+        "privacy.epsilon=null",
+        f"privacy.noise_multiplier={w.noise_multiplier}",
+        f"privacy.clip_norm={w.clip_norm}",
+        f"local.epochs={w.epochs}",
+        f"local.batch_size={w.batch_size}",
+        f"local.lr={w.lr}",
+        "ray.executor=ray",
+        f"ray.num_workers={workers}",
+        "ray.num_cpus_per_worker=1",
+    ]
+    if clients_per_batch is not None:
+        out.append(f"ray.clients_per_worker_batch={clients_per_batch}")
+    if gpu:
+        out.append(f"ray.num_gpus_per_worker={1.0 / workers}")
+    return out
+
+
+def run_dpfl(
+    w: Workload, ds: FederatedDataset, overrides: list[str], run_name: str
+) -> dict[str, Any]:
+    """``simulate`` on the prepared dataset (Ray already started); the measurements."""
+    cfg = load_config(overrides=overrides)
+    sampler = LastRoundSampler(run_name, w.rounds)
+    reset = reset_peak_rss()
+    t0 = time.perf_counter()
+    res: SimulationResult = simulate(
+        cfg, dataset=ds, write=False, progress=False, on_round=sampler, run_name=run_name
+    )
+    wall = time.perf_counter() - t0
+    rows = res.rounds
+    return {
+        "wall_s": wall,
+        "round_loop_s": float(rows["wall_time_s"].iloc[-1]),
+        "client_updates": int(rows["realised_cohort_size_nonprivate"].sum()),
+        "test_accuracy": res.final_accuracy,
+        "mean_update_norm": float(
+            (rows["mean_update_norm_nonprivate"] * rows["realised_cohort_size_nonprivate"]).sum()
+            / max(1, int(rows["realised_cohort_size_nonprivate"].sum()))
+        ),
+        "epsilon": res.final_epsilon,
+        "delta": float(res.privacy["delta"]),
+        "accountant": str(res.privacy["accountant"]),
+        "peak_rss_mb": sampler.peak_mb,
+        "peak_rss_reset": reset,
+        "pids": sampler.pids,
+        "pid_source": sampler.pid_source,
+        "worker_device": sampler.worker_device,
+        "_weights": np.asarray(res.weights, dtype=np.float32),
+    }
+
+
+# --------------------------------------------------------------------------- report
+def hardware() -> dict[str, Any]:
+    """CPU model, core counts, GPU, library versions."""
+    import ray
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        usable = os.cpu_count() or 1
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "load_average_at_start": load_average(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def load_average() -> str:
+    """``/proc/loadavg``'s 1/5/15-minute load (other work on the machine skews timings)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    """Median of ``key`` over repeats."""
+    return float(statistics.median(r[key] for r in runs))
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repeats plus the last repeat's non-timing fields (no arrays)."""
+    out = {k: v for k, v in runs[-1].items() if not k.startswith("_")}
+    out["wall_s"] = median_of(runs, "wall_s")
+    out["round_loop_s"] = median_of(runs, "round_loop_s")
+    out["updates_per_s"] = out["client_updates"] / out["wall_s"]
+    out["updates_per_s_round_loop"] = out["client_updates"] / out["round_loop_s"]
+    out["repeats"] = [{k: r[k] for k in ("wall_s", "round_loop_s", "test_accuracy")} for r in runs]
+    return out
+
+
+def fmt(v: float | None, spec: str = ".2f") -> str:
+    """Format a number or '-'."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    """The final table, ratios and target verdicts."""
+    p, d = rep.get("plain"), rep.get("dpfl")
+    print(f"\n== results (medians over {rep['repeats']} repeat(s)) ==")
+    print(f"{'':28s} {'plain (1 thread)':>18s} {'dpfl (Ray)':>18s}")
+
+    def line(label: str, key: str, spec: str = ".2f") -> None:
+        a = fmt(p.get(key) if p else None, spec)
+        b = fmt(d.get(key) if d else None, spec)
+        print(f"{label:28s} {a:>18s} {b:>18s}")
+
+    line("wall time (s)", "wall_s")
+    line("round loop (s)", "round_loop_s")
+    line("client updates", "client_updates", "d")
+    line("client updates/s (wall)", "updates_per_s")
+    line("client updates/s (loop)", "updates_per_s_round_loop")
+    line("final test accuracy", "test_accuracy", ".4f")
+    eps = "-"
+    if d:
+        eps = f"{d['epsilon']:.4f}"
+    print(f"{'epsilon (dpfl accountant)':28s} {'not accounted':>18s} {eps:>18s}")
+    if d:
+        print(f"  (dpfl: {d['accountant']} accountant, delta={d['delta']:.3g}; from dpfl only)")
+    print(f"ray startup (ray.init, in neither wall time): {rep['ray_startup_s']:.2f} s")
+    print(
+        f"load average (1/5/15 min): {rep['hardware']['load_average_at_start']} at start, "
+        f"{rep['load_average_at_end']} at end"
+    )
+    print("peak memory, VmHWM (MiB), sampled at the end of each side:")
+    if p:
+        for name, v in p["peak_rss_mb"].items():
+            print(f"  plain  {name:34s} {fmt(v, '.0f'):>8s}")
+    if d:
+        for name, v in d["peak_rss_mb"].items():
+            pid = d["pids"].get(name, "")
+            print(f"  dpfl   {name:34s} {fmt(v, '.0f'):>8s}   pid {pid}")
+        print(
+            f"  (actor pids from: {d['pid_source']}; dpfl workers trained on: "
+            f"{d['worker_device']}; plain on: {p['device'] if p else '-'})"
+        )
+    if rep.get("ratio") is not None:
+        r, rl = rep["ratio"], rep["round_loop_ratio"]
+        print(f"ratio dpfl/plain: wall {r:.3f}, round loop {rl:.3f}")
+    if rep.get("accuracy_diff") is not None:
+        flag = "OK" if rep["accuracy_agree"] else "FLAG: DISAGREE"
+        print(
+            f"accuracy difference dpfl - plain: {rep['accuracy_diff']:+.4f} "
+            f"(|diff| <= {ACCURACY_TOLERANCE}: {flag})"
+        )
+    if rep.get("final_weights_rel_diff") is not None:
+        print(
+            f"final models: ||w_dpfl - w_plain|| / ||w_plain|| = "
+            f"{rep['final_weights_rel_diff']:.2e}; mean client update norm (non-private): "
+            f"plain {p['mean_update_norm']:.4f}, dpfl {d['mean_update_norm']:.4f}"
+        )
+    if rep.get("same_client_updates") is False:
+        print("WARNING: the two sides trained different numbers of client updates")
+    for t in rep.get("targets", []):
+        print(
+            f"target {t['name']}: dpfl <= {t['target']} x plain (wall): "
+            f"{t['status']} (ratio {t['ratio']:.3f})"
+        )
+    for e in rep.get("errors", []):
+        print(f"ERROR: {e}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="cnn")
+    p.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
+    p.add_argument("--num-clients", type=int, default=None, help="override N")
+    p.add_argument("--workers", type=int, default=2, help="dpfl client-worker actors")
+    p.add_argument(
+        "--clients-per-batch", type=int, default=None, help="ray.clients_per_worker_batch"
+    )
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="tiny sizes for CI (< 60 s)")
+    p.add_argument("--json", type=Path, default=None, help="write every measured number here")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.repeats < 1 or a.workers < 1 or (a.rounds is not None and a.rounds < 1):
+        p.error("--repeats, --workers and --rounds must be >= 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; the exit status (0 ok, 1 a side failed or accuracies disagree)."""
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    w = WORKLOADS[args.workload]
+    use_cuda = w.gpu and torch.cuda.is_available()
+    if w.gpu and not use_cuda:
+        w = dataclasses.replace(w, **RESNET_CPU)
+    if args.quick:
+        w = quick_variant(w)
+    changes: dict[str, Any] = {"seed": args.seed}
+    if args.rounds is not None:
+        changes["rounds"] = args.rounds
+    if args.num_clients is not None:
+        changes["num_clients"] = args.num_clients
+    w = dataclasses.replace(w, **changes)
+    device = torch.device("cuda" if use_cuda else "cpu")
+    hw = hardware()
+    print(f"== dpfl benchmark: workload {w.name}{' (quick)' if args.quick else ''} ==")
+    gpu = hw["gpu"] or "none"
+    print(
+        f"hardware: CPU {hw['cpu']} ({hw['cores']} cores, {hw['usable_cores']} usable), "
+        f"GPU {gpu}; torch {hw['torch']}, ray {hw['ray']}, python {hw['python']}; "
+        f"load average {hw['load_average_at_start']}"
+    )
+    print(
+        f"workload: model={w.model} data={w.data} {w.input_shape} N={w.num_clients} "
+        f"~{w.mean_samples}/client, Poisson q={w.rate} (expected cohort "
+        f"{w.rate * w.num_clients:g}), rounds={w.rounds}, local epochs={w.epochs} "
+        f"batch={w.batch_size} lr={w.lr}, C={w.clip_norm}, z={w.noise_multiplier}, "
+        f"eval at the end; dpfl workers={args.workers} x 1 CPU, "
+        f"clients_per_worker_batch={args.clients_per_batch}; plain: 1 thread on {device}"
+    )
+    t = time.perf_counter()
+    ds = make_dataset(w)
+    n_train = int(sum(len(c) for c in ds.client_train))
+    print(
+        f"data: {n_train} training examples over {ds.num_clients} clients, "
+        f"{len(ds.y_test)} test examples ({time.perf_counter() - t:.1f} s to build)"
+    )
+    overrides = dpfl_overrides(w, args.workers, args.clients_per_batch, use_cuda)
+    errors: list[str] = []
+    t = time.perf_counter()
+    ray.init(
+        address="local",
+        num_cpus=max(2, args.workers),
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    startup = time.perf_counter() - t
+    print(f"ray startup: {startup:.2f} s")
+    plain_runs: list[dict[str, Any]] = []
+    dpfl_runs: list[dict[str, Any]] = []
+    try:
+        for r in range(args.repeats):
+            tag = f"[{r + 1}/{args.repeats}]"
+            try:
+                pr = run_plain(w, ds, device)
+                plain_runs.append(pr)
+                print(
+                    f"{tag} plain: wall {pr['wall_s']:.2f} s, round loop {pr['round_loop_s']:.2f}"
+                    f" s, {pr['client_updates']} client updates, "
+                    f"test_accuracy={pr['test_accuracy']:.4f}",
+                    flush=True,
+                )
+            except Exception:  # noqa: BLE001 - report and go on with the other side
+                errors.append(f"plain loop failed:\n{traceback.format_exc()}")
+            try:
+                dr = run_dpfl(w, ds, overrides, run_name=f"bench{r}")
+                dpfl_runs.append(dr)
+                print(
+                    f"{tag} dpfl:  wall {dr['wall_s']:.2f} s, round loop {dr['round_loop_s']:.2f}"
+                    f" s, {dr['client_updates']} client updates, "
+                    f"test_accuracy={dr['test_accuracy']:.4f}, epsilon={dr['epsilon']:.4f}",
+                    flush=True,
+                )
+            except Exception:  # noqa: BLE001
+                errors.append(f"dpfl run failed:\n{traceback.format_exc()}")
+    finally:
+        ray.shutdown()
+    rep: dict[str, Any] = {
+        "workload": dataclasses.asdict(w),
+        "quick": args.quick,
+        "repeats": args.repeats,
+        "workers": args.workers,
+        "clients_per_batch": args.clients_per_batch,
+        "hardware": hw,
+        "ray_startup_s": startup,
+        "dpfl_overrides": overrides,
+        "plain": summarise(plain_runs) if len(plain_runs) == args.repeats else None,
+        "dpfl": summarise(dpfl_runs) if len(dpfl_runs) == args.repeats else None,
+        "accuracy_tolerance": ACCURACY_TOLERANCE,
+        "errors": errors,
+    }
+    p, d = rep["plain"], rep["dpfl"]
+    if p and d:
+        rep["ratio"] = d["wall_s"] / p["wall_s"]
+        rep["round_loop_ratio"] = d["round_loop_s"] / p["round_loop_s"]
+        rep["accuracy_diff"] = d["test_accuracy"] - p["test_accuracy"]
+        rep["accuracy_agree"] = bool(abs(rep["accuracy_diff"]) <= ACCURACY_TOLERANCE)
+        rep["same_client_updates"] = p["client_updates"] == d["client_updates"]
+        wp, wd = plain_runs[-1]["_weights"], dpfl_runs[-1]["_weights"]
+        rep["final_weights_rel_diff"] = (
+            float(np.linalg.norm(wd.astype(np.float64) - wp) / max(np.linalg.norm(wp), 1e-30))
+            if wp.shape == wd.shape
+            else math.inf
+        )
+        targets = []
+        if w.name == "cnn":
+            targets.append(("cnn on 2 CPU workers", TARGET_RATIO))
+            if (args.clients_per_batch or 1) > 1:
+                targets.append(
+                    ("cnn with vectorised clients and parallel evaluation", TARGET_RATIO_VECTORISED)
+                )
+        rep["targets"] = [
+            {
+                "name": name,
+                "target": tgt,
+                "ratio": rep["ratio"],
+                "status": "PASS" if rep["ratio"] <= tgt else "MISS",
+            }
+            for name, tgt in targets
+        ]
+    rep["load_average_at_end"] = load_average()
+    status = 0
+    if errors or not (p and d):
+        status = 1
+    elif not args.quick and not rep["accuracy_agree"]:
+        status = 1
+    rep["exit_status"] = status
+    print_report(rep)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rep, indent=2, default=str))
+        print(f"json: {args.json}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""benchmarks/bench.py: its plain loop is independent yet draws the engine's streams, and
+a ``--quick`` run measures both sides and reports consistent numbers."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine import rng as rngs
+from engine.client import ClientWorker
+from engine.privacy.accounting import SamplingSpec
+from engine.server import sample_cohort
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks" / "bench.py"
+
+# Engine modules the benchmark may import: data containers/generators, the model zoo
+# (architecture and initialisation only), and config + simulate to run the dpfl side.
+ALLOWED_ENGINE_IMPORTS = {
+    "engine.config",
+    "engine.data",
+    "engine.data.federated",
+    "engine.models",
+    "engine.simulate",
+}
+
+# Both sides use the same initial model, cohorts, minibatch order and noise draws, so
+# they differ only by floating-point rounding. Measured on the quick run: final weights
+# differ by 1.5e-5 relative and the 400 test predictions agree exactly; the whole
+# difference is the engine's clipping (it scales the peak-normalised update and, when
+# the float32 cast lands a few ulps above C, shrinks it by a further 1e-6 so that
+# ||update|| <= C holds exactly) against the plain loop's Δ·C/||Δ|| — with the engine's
+# clip copied into the plain loop the two quick runs are bit-identical. 0.01 (4 of 400
+# test examples) allows a few borderline flips and still fails on any real divergence
+# (a different batch order or noise draw moves the weights by O(1) relative and the
+# accuracy by several points); 1e-3 on the weights is ~70x the measured rounding.
+QUICK_ACCURACY_TOLERANCE = 0.01
+QUICK_WEIGHTS_TOLERANCE = 1e-3
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dpfl_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plain_loop_imports_no_engine_training_code() -> None:
+    tree = ast.parse(BENCH.read_text())
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    ours = {m for m in imported if m.split(".")[0] in ("engine", "algorithms", "tuning")}
+    assert ours <= ALLOWED_ENGINE_IMPORTS, ours - ALLOWED_ENGINE_IMPORTS
+
+
+def test_reimplemented_streams_match_the_engine() -> None:
+    bench = _load_bench()
+    for key in [(1, 0), (2, 7), (3, 4, 11), (4,), (5,)]:
+        assert bench.derive_seed(3, *key) == rngs.derive_seed(3, *key)
+    spec = SamplingSpec(mode="poisson", num_clients=300, rate=0.1)
+    for rnd in range(5):
+        assert np.array_equal(bench.poisson_cohort(300, 0.1, 3, rnd), sample_cohort(spec, 3, rnd))
+    # Minibatch order: the engine's ClientWorker._batches (indices sorted within a batch,
+    # as engine.client.batch_to_tensors does) on a stub holding only what it reads.
+    idx = np.arange(100, 123, dtype=np.int64)
+    stub = SimpleNamespace(
+        dataset=SimpleNamespace(client_train={5: idx}),
+        spec=SimpleNamespace(seed=3, batch_size=4),
+    )
+    engine_batches = [np.sort(b) for b in ClientWorker._batches(stub, 2, 5, None, 2)]
+    ours = list(bench.minibatches(idx, 4, 2, 3, 2, 5))
+    assert len(ours) == len(engine_batches) == 2 * math.ceil(len(idx) / 4)
+    for a, b in zip(ours, engine_batches):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_quick_benchmark_runs_both_sides(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    plain, dpfl = rep["plain"], rep["dpfl"]
+    assert rep["errors"] == [] and rep["exit_status"] == 0
+
+    # Timings are positive and the ratios are what they claim to be.
+    for side in (plain, dpfl):
+        assert side["wall_s"] > 0 and side["round_loop_s"] > 0
+        assert side["round_loop_s"] <= side["wall_s"]
+        assert side["updates_per_s"] == pytest.approx(side["client_updates"] / side["wall_s"])
+    assert rep["ratio"] == pytest.approx(dpfl["wall_s"] / plain["wall_s"], rel=1e-9)
+    assert rep["round_loop_ratio"] == pytest.approx(
+        dpfl["round_loop_s"] / plain["round_loop_s"], rel=1e-9
+    )
+    assert rep["ray_startup_s"] > 0
+    (target,) = rep["targets"]  # cnn, no --clients-per-batch: the 0.75 target only
+    assert target["target"] == 0.75
+    assert target["status"] == ("PASS" if rep["ratio"] <= 0.75 else "MISS")
+
+    # Same work on both sides, and the two results agree.
+    assert plain["client_updates"] == dpfl["client_updates"] > 0
+    for side in (plain, dpfl):
+        assert 0.0 <= side["test_accuracy"] <= 1.0
+    assert abs(rep["accuracy_diff"]) <= QUICK_ACCURACY_TOLERANCE
+    assert rep["accuracy_diff"] == pytest.approx(dpfl["test_accuracy"] - plain["test_accuracy"])
+    assert rep["final_weights_rel_diff"] <= QUICK_WEIGHTS_TOLERANCE
+
+    # ε comes from dpfl's accountant only; the plain loop claims none.
+    assert "epsilon" not in plain
+    assert math.isfinite(dpfl["epsilon"]) and dpfl["epsilon"] > 0
+    plain_lines = [ln for ln in proc.stdout.splitlines() if "plain:" in ln]
+    assert plain_lines and not any("epsilon" in ln for ln in plain_lines)
+    assert "not accounted" in proc.stdout
+
+    # Peak memory of the driver and of every actor of the run (2 workers + server).
+    names = set(dpfl["peak_rss_mb"])
+    assert {"driver", "bench0:client-worker-0", "bench0:client-worker-1", "bench0:server"} <= names
+    assert all(v is not None and v > 0 for v in dpfl["peak_rss_mb"].values())
+    assert len(set(dpfl["pids"].values())) == len(dpfl["pids"])  # distinct processes
+    assert all(v is not None and v > 0 for v in plain["peak_rss_mb"].values())
+    assert rep["hardware"]["torch"] and rep["hardware"]["ray"] and rep["hardware"]["cores"] >= 1
