@@ -171,6 +171,10 @@ class ClientWorker:
             self.head_params = self._select(self.head_mask, True)
             self.body_params = self._select(self.head_mask, False)
         self.state = ClientStateStore(spec.state_dir)
+        # Vectorised groups (engine.vectorized): decided once here, never per round.
+        self.vectorized: Any = None  # a VectorizedTrainer when groups are used
+        self.min_group = 2  # smaller groups (the rest of a shard) train one by one
+        self.clients_per_batch, self.vectorized_note = self._choose_group_size()
 
     def ping(self) -> int:
         return int(sum(p.numel() for p in self.params))
@@ -323,10 +327,90 @@ class ClientWorker:
             ctx["randk_mask"] = rk.mask(d, rngs.torch_gen(self.spec.seed, rngs.SERVER_PUBLIC, rnd))
         return ctx
 
+    def _choose_group_size(self) -> tuple[int, str]:
+        """(group size, why): ``spec.clients_per_batch`` if set, else automatic; 1 when
+        the pipeline or model cannot be vectorised (probed once, here)."""
+        from engine.vectorized import (
+            VectorizedTrainer,
+            auto_group_size,
+            cpu_prefers_one_by_one,
+            unsupported_reason,
+        )
+
+        requested = self.spec.clients_per_batch
+        if requested == 1:
+            return 1, "ray.clients_per_worker_batch=1"
+        reason = unsupported_reason(self)
+        if reason is not None:
+            return 1, f"one by one: {reason}"
+        if requested is None:
+            reason = cpu_prefers_one_by_one(self)
+            if reason is not None:
+                return 1, reason
+        trainer = VectorizedTrainer(self)
+        reason = trainer.probe()
+        if reason is not None:
+            return 1, f"one by one: {reason}"
+        if requested is None:
+            size, self.min_group, why = auto_group_size(self, trainer)
+        else:
+            size, why = int(requested), f"ray.clients_per_worker_batch={requested}"
+        if size > 1:
+            self.vectorized = trainer
+        return size, why
+
+    def _trained_clients(self, global_flat: torch.Tensor, rnd: int, clients: np.ndarray, ctx):
+        """Yield (client, Δ after client transforms, loss sum, steps) in client order:
+        consecutive groups of ``clients_per_batch`` clients trained vectorised (a group
+        under ``min_group`` clients, e.g. a short rest, one by one), else one by one."""
+        size = self.clients_per_batch if self.vectorized is not None else 1
+        for start in range(0, len(clients), size):
+            group = [int(c) for c in clients[start : start + size]]
+            if len(group) < self.min_group:
+                for c in group:
+                    delta, loss_sum, steps = self._train_one(global_flat, rnd, c, ctx)
+                    yield c, delta, loss_sum, steps
+                continue
+            local, loss_sums, steps_list = self.vectorized.train_group(global_flat, rnd, group, ctx)
+            lr = self.spec.lr * self.spec.lr_decay**rnd
+            for i, c in enumerate(group):
+                delta = self._client_transforms(local[i], global_flat, c, steps_list[i], lr, ctx)
+                yield c, delta, loss_sums[i], steps_list[i]
+
+    def _client_transforms(
+        self, local: torch.Tensor, global_flat: torch.Tensor, client: int, steps: int, lr, ctx
+    ) -> torch.Tensor:
+        """Δ = local − global and the client transforms, as at the end of ``_train_one``
+        (no personal head: such pipelines are never vectorised)."""
+        delta = local - global_flat
+
+        def local_gradient() -> torch.Tensor:
+            load_flat_(self.model, local)
+            return self._local_gradient(client)
+
+        tctx = {
+            "g_tilde": ctx.get("g_tilde"),
+            "steps": steps,
+            "lr": lr,
+            "randk_mask": ctx.get("randk_mask"),
+            "local_gradient": local_gradient,
+        }
+        for t in self.pipeline.client_transforms:
+            delta = t.apply(delta, tctx)
+        return delta
+
     def train_shard(
         self, global_weights: np.ndarray, rnd: int, clients: np.ndarray, public: dict | None = None
     ) -> PartialSum:
-        """Train each client of the shard in order and sum their clipped updates."""
+        """Train the shard's clients and sum their clipped updates in client order.
+
+        Clients are trained one by one, or ``clients_per_batch`` at a time as one
+        vectorised computation (``engine.vectorized``; same local models to float
+        rounding). Either way each client's update is clipped individually and added
+        to the float64 total in the given client order, and noise is added (by the
+        server, or here per client) exactly as before: vectorisation changes no
+        privacy-relevant quantity.
+        """
         global_flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
         ctx = self.public_context(rnd, public)
         total = torch.zeros(global_flat.numel(), dtype=torch.float64)
@@ -334,8 +418,8 @@ class ClientWorker:
         priv = self.pipeline.privatizer
         client_noise = priv is not None and priv.site == "client"
         support = self.noise_support(ctx) if client_noise else None  # public, per round
-        for c in np.asarray(clients, dtype=np.int64):
-            delta, loss_sum, steps = self._train_one(global_flat, rnd, int(c), ctx)
+        clients = np.asarray(clients, dtype=np.int64)
+        for c, delta, loss_sum, steps in self._trained_clients(global_flat, rnd, clients, ctx):
             res = clip_update(delta, self.spec.clip_norm)
             update = res.update.double()
             out.max_clipped_norm = max(

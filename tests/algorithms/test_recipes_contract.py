@@ -72,9 +72,9 @@ def test_personal_parameters_never_reach_the_server(name: str, monkeypatch) -> N
     seen: list[np.ndarray] = []
     original = server_mod.Server.finish_round
 
-    def spy(self, rnd, *partials):
+    def spy(self, rnd, *partials, **kwargs):
         seen.extend(p.update_sum.copy() for p in partials)
-        return original(self, rnd, *partials)
+        return original(self, rnd, *partials, **kwargs)
 
     monkeypatch.setattr(server_mod.Server, "finish_round", spy)
     res = run(f"algorithm={name}", "privacy.noise_multiplier=1.0", "rounds=3")

@@ -1,0 +1,492 @@
+"""Vectorised local training: a group of clients trained as one batched computation.
+
+A :class:`VectorizedTrainer` trains G clients of a worker's shard at once. Their
+parameters are stacked along a leading client axis and every local step is one call
+of ``torch.func.vmap`` over ``torch.func.grad_and_value`` of a
+``torch.func.functional_call`` of the worker's model. The result for each client is
+the same local model that :meth:`engine.client.ClientWorker._train_one` would produce
+for it alone, up to float32 rounding (batched kernels sum in a different order):
+
+* **Minibatches**: client i draws its batches from its own generator,
+  ``ClientWorker._batches(rnd, client, steps, epochs)`` (stream (seed, round,
+  client)), so at step t it uses exactly the indices of its sequential step t. The
+  group's batches are padded to a common length with weight-0 examples (copies of the
+  client's own first example of the batch, masked out of the loss) and the loss is
+  Σ_{wᵢ=1} lᵢ / Σ wᵢ, the mean over the real examples, i.e. ``CrossEntropyLoss()`` of
+  the sequential step.
+* **Ragged clients**: clients differ in size, so in their number of steps and in
+  the length of their last batch. Each step's batches are padded to the longest one;
+  a client whose generator is exhausted (fewer steps, or no examples at all) is
+  inactive from then on: its final parameters are stored and it is removed from the
+  stacked tensors, so its parameters (and momentum buffer) cannot change and no
+  zero-norm or empty-batch gradient is ever computed for it. Its loss and step counts
+  stop there, exactly as in the sequential loop.
+* **Step rules**: plain SGD with ``torch.optim.SGD`` semantics (weight decay added to
+  the gradient, momentum buffer per client initialised with the first gradient,
+  dampening 0, no Nesterov; ``pipeline.plain_sgd`` disables both), SAM/ASAM (the
+  perturbation is :func:`algorithms.pieces.steps.sam_perturbation` evaluated per
+  client), and DP-FedPGN (public g̃, the same perturbation for every client). The
+  BLUR term is added to each client's loss inside the differentiated function; the
+  ball projection of DP-Fed-LS is applied per client after every step, with the norm
+  computed in float64 like :class:`algorithms.pipeline.BallProjection`.
+
+Not covered (the worker then trains one by one): personal heads (DP²-FedSAM), other
+step rules / regularizers / constraints, and models for which the probe at worker
+start fails (``functional_call`` + ``vmap`` unsupported, or a gradient that does not
+match plain autograd).
+
+Group size (``ray.clients_per_worker_batch``, decided once per worker): an explicit
+G groups the shard's clients, in their order, G at a time (the rest is a smaller
+group; a group of one trains one by one). ``null`` chooses automatically
+(:func:`auto_group_size`): on a GPU as many clients as a quarter of the free memory
+holds (estimated per client from the parameters and their copies plus one
+minibatch's activations measured by the probe), at most 64. On the CPU, measured on
+2 cores (1 torch thread, 25 clients of 40–80 examples (~60), batch 10, one epoch,
+seconds per ``train_shard`` of the 25 clients, best of 3–7)::
+
+    model (parameters)     rule        G=1     G=5     G=10    G=25
+    logreg 28x28 (7.9k)    dp_fedavg   0.023   0.034   0.022   0.012
+    logreg 28x28 (7.9k)    dp_fedsam   0.050   0.072   0.051   0.022
+    mlp dim 60 (54k)       dp_fedavg   0.050   0.068   0.059   0.043
+    mlp dim 60 (54k)       dp_fedsam   0.109   0.151   0.133   0.095
+    mlp 28x28 (199k)       dp_fedavg   0.088   0.146   0.129   0.099
+    mlp 28x28 (199k)       dp_fedsam   0.203   0.317   0.411   0.330
+    cnn 28x28 (1.66M)      dp_fedavg   1.74    1.96    2.08    2.38
+    cnn 28x28 (1.66M)      dp_fedsam   3.89    5.73    6.67    6.96
+
+Each vectorised step costs a fixed torch.func overhead (a few sequential
+client-steps), and on a CPU the stacked tensors of a group leave the cache that one
+client's tensors fit in; so only small models in large groups gain. The automatic
+rule on the CPU therefore trains models above ``CPU_MAX_PARAMS`` = 100k parameters
+(mlp on 28x28, cnn, the GN-ResNets, char_lstm) one by one, and vectorises the others
+in groups of up to 64, training groups under ``CPU_MIN_GROUP`` = 16 clients one by
+one. Models for which vmap has no batching rule for some op (it then loops per
+client, e.g. the LSTM of char_lstm) are trained one by one by the automatic rule.
+
+Privacy: vectorisation changes no privacy-relevant quantity. It only computes each
+client's local model Δᵢ = wᵢ − xᵗ, from that client's own data and public state, in a
+batched kernel; the worker then applies the client transforms and clips *each* client's
+whole update individually (``engine.privacy.mechanisms.clip_update``, float64, with
+non-finite updates zeroed) before summing, in the same client order as the sequential
+path, and the noise is added by the server (or per client, as before) exactly as
+without vectorisation. No client's data can influence another client's row: every
+operation is per client along the group axis, and padding examples carry weight 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad_and_value, vmap
+
+from algorithms.pieces.steps import _global_norm, sam_perturbation
+from algorithms.pipeline import BLUR, BallProjection, PGNStep, SAMStep, SGDStep
+
+if TYPE_CHECKING:  # pragma: no cover
+    from engine.client import ClientWorker
+
+__all__ = [
+    "MAX_GROUP",
+    "VectorizedTrainer",
+    "CPU_MAX_PARAMS",
+    "CPU_MIN_GROUP",
+    "auto_group_size",
+    "cpu_prefers_one_by_one",
+    "unsupported_reason",
+]
+
+#: Upper bound of an automatically chosen group size.
+MAX_GROUP = 64
+#: Fraction of the available memory a group may use (automatic choice).
+MEMORY_FRACTION = 0.25
+#: On the CPU the automatic choice trains models with more trainable parameters than
+#: this one by one: vectorised groups measured no faster (mlp on 28x28, 199k
+#: parameters) or slower (cnn, 1.66M) there; see the measurements in the module
+#: docstring. An explicit ``ray.clients_per_worker_batch`` still vectorises them.
+CPU_MAX_PARAMS = 100_000
+#: On the CPU the automatic choice vectorises only groups of at least this many
+#: clients (smaller groups, e.g. the rest of a shard, train one by one): each
+#: vectorised step has a fixed torch.func overhead of a few sequential client-steps,
+#: and groups of 2 to 10 measured slower than one by one even for small models.
+CPU_MIN_GROUP = 16
+
+
+def unsupported_reason(worker: ClientWorker) -> str | None:
+    """Why ``worker``'s pipeline cannot be vectorised, or None if it can."""
+    pipe = worker.pipeline
+    if pipe.personal is not None:
+        return "personal heads (DP2-FedSAM) train head and body in separate phases"
+    if type(pipe.step) not in (SGDStep, SAMStep, PGNStep):
+        return f"step rule {type(pipe.step).__name__} has no vectorised form"
+    if pipe.regularizer is not None and type(pipe.regularizer) is not BLUR:
+        return f"regularizer {type(pipe.regularizer).__name__} has no vectorised form"
+    if pipe.constraint is not None and type(pipe.constraint) is not BallProjection:
+        return f"constraint {type(pipe.constraint).__name__} has no vectorised form"
+    loss = worker.loss_fn
+    if not (
+        type(loss) is torch.nn.CrossEntropyLoss
+        and loss.weight is None
+        and loss.reduction == "mean"
+        and loss.label_smoothing == 0.0
+    ):
+        return "the loss is not the plain mean cross-entropy"
+    if any(not p.requires_grad for p in worker.model.parameters()):
+        return "the model has frozen parameters"
+    if len(list(worker.model.buffers())):
+        return "the model has buffers"
+    if len(worker.dataset.y_train) == 0:
+        return "the dataset has no training examples"
+    return None
+
+
+def _available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 2**30
+
+
+class VectorizedTrainer:
+    """Local training of a group of clients of ``worker`` in one batched computation.
+
+    Built once per worker; :meth:`probe` must return None before :meth:`train_group`
+    is used. See the module docstring for the exact semantics and the privacy note.
+    """
+
+    def __init__(self, worker: ClientWorker) -> None:
+        self.worker = worker
+        self.model = worker.model
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.shapes = list(worker.shapes)
+        self.sizes = [math.prod(s) for s in self.shapes]
+        self.dim = int(sum(self.sizes))
+        pipe = worker.pipeline
+        spec = worker.spec
+        self.step = pipe.step
+        self.regularizer = pipe.regularizer
+        self.constraint = pipe.constraint
+        self.momentum = 0.0 if pipe.plain_sgd else float(spec.momentum)
+        self.weight_decay = 0.0 if pipe.plain_sgd else float(spec.weight_decay)
+        self.activation_bytes_per_example = 0
+        self.slow_ops: list[str] = []  # vmap fallbacks seen by the probe
+        self._grad_and_loss = grad_and_value(self._loss)
+        self._vmapped_step = None  # built by probe()
+
+    # ----------------------------------------------------------- per-client math
+    def _loss(self, params: dict, x, y, w, anchor: list[torch.Tensor]) -> torch.Tensor:
+        """One client's minibatch loss: weighted mean over real examples (+ BLUR)."""
+        logits = functional_call(self.model, params, (x,))
+        per_example = F.cross_entropy(logits, y, reduction="none")
+        # Padding (w = 0) is masked out, not multiplied: 0·inf would be NaN.
+        loss = torch.where(w > 0, per_example, 0.0).sum() / w.sum().clamp(min=1.0)
+        if self.regularizer is not None:
+            loss = loss + self.regularizer.loss([params[n] for n in self.names], anchor)
+        return loss
+
+    def _client_step(self, params: dict, x, y, w, anchor, pgn_offset, g_tilde):
+        """(loss, direction) of one client's step; vmapped over the group axis."""
+        gv = self._grad_and_loss
+        step = self.step
+        if isinstance(step, SAMStep) and float(step.rho) != 0.0:
+            grads, loss = gv(params, x, y, w, anchor)
+            plist = [params[n] for n in self.names]
+            e = sam_perturbation(plist, [grads[n] for n in self.names], step.rho, step.asam)
+            shifted = {n: p + en for n, p, en in zip(self.names, plist, e)}
+            grads_at_e, _ = gv(shifted, x, y, w, anchor)
+            return loss, grads_at_e
+        if isinstance(step, PGNStep):
+            if pgn_offset is not None:
+                params = {n: params[n] + o for n, o in zip(self.names, pgn_offset)}
+            grads, loss = gv(params, x, y, w, anchor)
+            beta = float(step.beta)
+            if beta == 1.0:
+                return loss, grads
+            if g_tilde is None:
+                return loss, {n: beta * grads[n] for n in self.names}
+            return loss, {
+                n: beta * grads[n] + (1.0 - beta) * gt for n, gt in zip(self.names, g_tilde)
+            }
+        grads, loss = gv(params, x, y, w, anchor)
+        return loss, grads
+
+    def _pgn_public(self, public: dict) -> tuple[list | None, list | None]:
+        """(perturbation δ, g̃) of DP-FedPGN, as in ``pgn_gradients`` (same for all)."""
+        step = self.step
+        if not isinstance(step, PGNStep):
+            return None, None
+        beta, rho = float(step.beta), float(step.rho)
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"algo.beta={beta} must be in [0, 1]")
+        if not rho >= 0.0:
+            raise ValueError(f"algo.rho={rho} must be >= 0")
+        g_tilde = public.get("g_tilde_list")
+        if g_tilde is None:
+            return None, None
+        if len(g_tilde) != len(self.shapes):
+            raise ValueError(
+                f"g_tilde has {len(g_tilde)} tensors for {len(self.shapes)} parameters"
+            )
+        ref = self.worker.params
+        for p, gt in zip(ref, g_tilde):
+            if p.shape != gt.shape:
+                raise ValueError(f"g_tilde shape {tuple(gt.shape)} != parameter {tuple(p.shape)}")
+        g_tilde = [gt.detach().to(device=p.device, dtype=p.dtype) for p, gt in zip(ref, g_tilde)]
+        if rho == 0.0:
+            return None, g_tilde
+        with torch.no_grad():
+            norm = _global_norm(g_tilde)
+            offset = [rho * gt / (norm + 1e-12) for gt in g_tilde]
+        return offset, g_tilde
+
+    def _batched_step(self, params: dict, x, y, w, anchor, pgn_offset, g_tilde):
+        """``_client_step`` of every client of the group: stacked params, x, y, w; the
+        anchor and PGN's public tensors are shared."""
+        return self._vmapped_step(params, x, y, w, anchor, pgn_offset, g_tilde)
+
+    @torch.no_grad()
+    def _project_(self, params: dict, anchor: list) -> None:
+        """:class:`BallProjection` of every client of the (compacted) group, in place:
+        the norm ‖w − xᵗ‖ in float64, rows outside the ball scaled back onto it."""
+        radius = float(self.constraint.radius)
+        g = params[self.names[0]].shape[0]
+        sq = torch.zeros(g, dtype=torch.float64, device=anchor[0].device)
+        for n, a in zip(self.names, anchor):
+            sq += ((params[n].double() - a.double()) ** 2).reshape(g, -1).sum(1)
+        norm = sq**0.5
+        rows = torch.nonzero(norm > radius).flatten()
+        if rows.numel() == 0:
+            return
+        scale = (radius / norm[rows] * (1.0 - 1e-7)).to(params[self.names[0]].dtype)
+        for n, a in zip(self.names, anchor):
+            p = params[n]
+            view = (rows.numel(),) + (1,) * (p.dim() - 1)
+            p[rows] = a + (p[rows] - a) * scale.view(view)
+
+    # ----------------------------------------------------------------- training
+    def train_group(
+        self, global_flat: torch.Tensor, rnd: int, clients: list[int], public: dict | None
+    ) -> tuple[torch.Tensor, list[float], list[int]]:
+        """Train ``clients`` together from ``global_flat``.
+
+        Returns ``(local, loss_sums, steps)``: the clients' final local models as a
+        ``(G, d)`` float32 tensor (row i is client ``clients[i]``), and per client the
+        sum of its minibatch losses and its number of local steps — what
+        ``_train_one`` computes before Δ and the client transforms.
+        """
+        worker, spec = self.worker, self.worker.spec
+        ds = worker.dataset
+        public = dict(public or {})
+        g = len(clients)
+        lr = spec.lr * spec.lr_decay**rnd
+        anchor = [t.view(s) for t, s in zip(torch.split(global_flat, self.sizes), self.shapes)]
+        params = {
+            n: a.unsqueeze(0).repeat((g,) + (1,) * a.dim()).contiguous()
+            for n, a in zip(self.names, anchor)
+        }
+        pgn_offset, g_tilde = self._pgn_public(public)
+        gens = [worker._batches(rnd, int(c), spec.steps, spec.epochs) for c in clients]
+        local = torch.empty(g, self.dim, dtype=global_flat.dtype, device=global_flat.device)
+        steps = [0] * g
+        device = global_flat.device
+        loss_acc = torch.zeros(g, dtype=torch.float64, device=device)
+        bufs: dict[str, torch.Tensor] = {}
+        rows = list(range(g))  # group positions of the clients still training, in order
+        pending = [None] * g
+        while rows:
+            # The next batch of every client still training; a client whose generator
+            # is exhausted leaves the group for good (its parameters stop changing).
+            keep = []
+            for k, i in enumerate(rows):
+                b = next(gens[i], None)
+                if b is None:
+                    local[i] = torch.cat([params[n][k].reshape(-1) for n in self.names])
+                else:
+                    keep.append(k)
+                    pending[i] = np.sort(b)
+            if len(keep) < len(rows):
+                sel = torch.tensor(keep, dtype=torch.long, device=device)
+                params = {n: p.index_select(0, sel) for n, p in params.items()}
+                bufs = {n: b.index_select(0, sel) for n, b in bufs.items()}
+                rows = [rows[k] for k in keep]
+            if not rows:
+                break
+            batches = [pending[i] for i in rows]
+            width = max(len(b) for b in batches)
+            idx = np.empty((len(rows), width), dtype=np.int64)
+            wts = np.zeros((len(rows), width), dtype=np.float32)
+            for k, b in enumerate(batches):
+                idx[k, : len(b)] = b
+                idx[k, len(b) :] = b[0]  # padding: weight 0
+                wts[k, : len(b)] = 1.0
+                steps[rows[k]] += 1
+            x = torch.from_numpy(np.ascontiguousarray(ds.x_train[idx])).to(device)
+            y = torch.from_numpy(np.ascontiguousarray(ds.y_train[idx])).to(device)
+            w = torch.from_numpy(wts).to(device)
+            loss, grads = self._batched_step(params, x, y, w, anchor, pgn_offset, g_tilde)
+            with torch.no_grad():
+                at = torch.tensor(rows, dtype=torch.long, device=device)
+                loss_acc.index_add_(0, at, loss.detach().double())
+                for n in self.names:  # torch.optim.SGD's arithmetic, per client
+                    p, d = params[n], grads[n].detach()
+                    if self.weight_decay != 0:
+                        d = d.add_(p, alpha=self.weight_decay)
+                    if self.momentum != 0:
+                        if n not in bufs:
+                            bufs[n] = d.clone()
+                        else:
+                            bufs[n].mul_(self.momentum).add_(d)
+                        d = bufs[n]
+                    p.add_(d, alpha=-lr)
+                if self.constraint is not None:
+                    self._project_(params, anchor)
+        return local, [float(v) for v in loss_acc.tolist()], steps
+
+    # -------------------------------------------------------------------- probe
+    def probe(self) -> str | None:
+        """Run one tiny vectorised step; None if it works and matches autograd.
+
+        Two copies of two examples: client 0 with weight 1 must give the loss and
+        gradient of plain autograd on the worker's model, client 1 with weight 0 a
+        zero gradient, and the recipe's full step (SAM/PGN) must run. Also measures
+        the activation size of one example (memory rule) and records ops that vmap
+        can only run as a slow per-client loop (``slow_ops``).
+        """
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                reason = self._probe()
+        except Exception as e:  # noqa: BLE001 - any failure means: train one by one
+            return f"functional_call/vmap failed: {type(e).__name__}: {e}"
+        for w in caught:
+            if "batching rule" in str(w.message):
+                self.slow_ops.append(str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return reason
+
+    def _probe(self) -> str | None:
+        self._vmapped_step = vmap(
+            self._client_step, in_dims=(0, 0, 0, 0, None, None, None), randomness="error"
+        )
+        worker = self.worker
+        ds = worker.dataset
+        n = min(2, len(ds.y_train))
+        ix = np.arange(n, dtype=np.int64)
+        x1 = torch.from_numpy(np.ascontiguousarray(ds.x_train[ix]))
+        y1 = torch.from_numpy(np.ascontiguousarray(ds.y_train[ix]))
+        act = [0]
+
+        def hook(_m, _inp, out) -> None:
+            outs = out if isinstance(out, tuple) else (out,)
+            act[0] += sum(t.numel() * t.element_size() for t in outs if torch.is_tensor(t))
+
+        leaves = [m for m in self.model.modules() if not list(m.children())]
+        handles = [m.register_forward_hook(hook) for m in leaves]
+        try:
+            ref_loss = worker.loss_fn(self.model(x1), y1)
+        finally:
+            for h in handles:
+                h.remove()
+        self.activation_bytes_per_example = max(1, act[0] // max(n, 1))
+        ref = torch.autograd.grad(ref_loss, worker.params)
+        flat = torch.cat([p.detach().reshape(-1) for p in worker.params])
+        anchor = [t.view(s) for t, s in zip(torch.split(flat, self.sizes), self.shapes)]
+        params = {
+            name: a.unsqueeze(0).repeat((2,) + (1,) * a.dim())
+            for name, a in zip(self.names, anchor)
+        }
+        x = torch.stack([x1, x1])
+        y = torch.stack([y1, y1])
+        w = torch.tensor([[1.0] * n, [0.0] * n])
+        gv = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0, 0, None))
+        grads, loss = gv(params, x, y, w, anchor)
+        if not torch.isfinite(loss).all():
+            return "non-finite probe loss"
+        if not torch.allclose(loss[0], ref_loss.detach(), rtol=1e-4, atol=1e-6):
+            return f"vectorised loss {float(loss[0])} != sequential {float(ref_loss)}"
+        for name, r in zip(self.names, ref):
+            if not torch.allclose(grads[name][0], r, rtol=1e-3, atol=1e-6):
+                return f"vectorised gradient of {name} does not match autograd"
+            if bool(grads[name][1].abs().max() != 0):
+                return f"a weight-0 client got a nonzero gradient for {name}"
+        g_list = [torch.zeros_like(a) for a in anchor]
+        pub = {"g_tilde_list": g_list} if isinstance(self.step, PGNStep) else {}
+        offset, gt = self._pgn_public(pub)
+        self._batched_step(params, x, y, w, anchor, offset, gt)
+        return None
+
+    def bytes_per_client(self) -> int:
+        """Rough memory of one client of a group: stacked parameters, gradients, SAM
+        copies, momentum, the new parameters, and one minibatch of activations."""
+        copies = 4
+        if isinstance(self.step, (SAMStep, PGNStep)):
+            copies += 2
+        if self.momentum != 0:
+            copies += 1
+        if self.constraint is not None:
+            copies += 2
+        acts = 3 * self.activation_bytes_per_example * self.worker.spec.batch_size
+        return int(self.dim * 4 * copies + acts)
+
+
+def cpu_prefers_one_by_one(worker: ClientWorker) -> str | None:
+    """Why the automatic choice trains ``worker``'s clients one by one without even
+    probing (CPU and a model above ``CPU_MAX_PARAMS``), or None."""
+    device = worker.params[0].device if worker.params else torch.device("cpu")
+    d = int(sum(p.numel() for p in worker.params))
+    if device.type == "cpu" and d > CPU_MAX_PARAMS:
+        return (
+            f"automatic: one by one on the CPU for a model of {d} > {CPU_MAX_PARAMS} "
+            "parameters (vectorised groups measured slower)"
+        )
+    return None
+
+
+def auto_group_size(worker: ClientWorker, trainer: VectorizedTrainer) -> tuple[int, int, str]:
+    """The automatic choice (``ray.clients_per_worker_batch: null``): ``(group size,
+    smallest group worth vectorising, why)``.
+
+    One by one when vmap would run some op as a per-client loop (``trainer.slow_ops``)
+    or, on the CPU, for models above ``CPU_MAX_PARAMS``. Otherwise the group is as
+    large as ``MEMORY_FRACTION`` of the available memory allows, at most
+    ``MAX_GROUP``; on the CPU groups smaller than ``CPU_MIN_GROUP`` (a short shard, or
+    its last group) are trained one by one.
+
+    The choice can depend on the machine's free memory, and the group size on the
+    rounding of the result (float32 tolerance, not bit-identity); set
+    ``ray.clients_per_worker_batch`` for bit-identical results across machines.
+    """
+    reason = cpu_prefers_one_by_one(worker)
+    if reason is not None:
+        return 1, 2, reason
+    if trainer.slow_ops:
+        return 1, 2, "automatic: one by one, vmap has no batching rule for an op of this model"
+    device = worker.params[0].device
+    per_client = max(1, trainer.bytes_per_client())
+    by_memory = int(_available_bytes(device) * MEMORY_FRACTION // per_client)
+    size = max(1, min(MAX_GROUP, by_memory))
+    least = CPU_MIN_GROUP if device.type == "cpu" else 2
+    return (
+        size,
+        least,
+        (
+            f"automatic: groups of min({MAX_GROUP}, memory {by_memory}) clients on "
+            f"{device.type}, groups under {least} one by one"
+        ),
+    )
