@@ -2,7 +2,8 @@
 
 ``fault_run.py`` runs in its own Ray (with the dashboard, which the state API needs):
 an uninterrupted run and runs whose ``client-worker-1`` or ``server`` actor is found
-through ``ray.util.state.list_actors`` and SIGKILLed 0.6 s into round 3. The killed
+through ``ray.util.state.list_actors`` and SIGKILLed 0.6 s after round 2 ends
+(in round 3, or a later round on a machine fast enough to finish round 3 first). The killed
 runs must equal the uninterrupted ones bit for bit — weights, every round's ε and
 metrics — and a run allowed no restarts must stop with a clear error, leaving its
 completed rounds on disk.
@@ -11,6 +12,7 @@ completed rounds on disk.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,11 +78,15 @@ def test_no_restarts_left_stops_with_rounds_intact(outcomes) -> None:
     stopped = results[spec]
     assert stopped["error"].startswith("WorkerLostError")
     assert "ray.max_worker_restarts=0" in stopped["error"]
+    # The kill lands 0.6 s after round 2 ends: in round 3, or later on a fast machine.
+    died_in = int(re.match(r"WorkerLostError: round (\d+):", stopped["error"]).group(1))
+    assert died_in >= 3
     rows = pd.read_parquet(out / f"run{SCENARIOS.index(spec)}" / "rounds.parquet")
     clean = results["dp_fedavg:3:0:none"]["rows"]
-    assert list(rows["round"]) == [1, 2]
-    assert list(rows["epsilon"]) == clean["epsilon"][:2]
-    assert list(rows["test_accuracy"]) == clean["test_accuracy"][:2]
+    done = died_in - 1
+    assert list(rows["round"]) == list(range(1, done + 1))  # every completed round, no more
+    assert list(rows["epsilon"]) == clean["epsilon"][:done]
+    assert list(rows["test_accuracy"]) == clean["test_accuracy"][:done]
 
 
 def test_restart_cost_is_reported(outcomes) -> None:
