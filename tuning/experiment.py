@@ -178,6 +178,32 @@ def run_tune(
         for key, spec in spaces[a].items():
             is_text = spec["type"] == "choice" and any(isinstance(v, str) for v in spec["values"])
             columns[names[key]] = "string" if is_text else "float"
+
+    def new_tuner(trainable, space: dict, name: str):
+        own = search == "random"
+        return tune.Tuner(
+            trainable,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                num_samples=1 if own else num_samples,
+                search_alg=_searcher(search, metric),
+                scheduler=_scheduler(scheduler, metric, config.rounds),
+                metric=metric,
+                mode="max",
+                trial_name_creator=lambda t, n=name: f"{n}-{t.trial_id}",
+                trial_dirname_creator=lambda t, n=name: f"{n}-{t.trial_id}",
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(out / "tune"),
+                # Keep every checkpoint: Tune's experiment snapshot can lag behind
+                # the newest checkpoint, and a resume must find the one it names.
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
+                failure_config=tune.FailureConfig(max_failures=1),
+                verbose=0,
+            ),
+        )
+
     for a in algorithms:
         for e in epsilons:
             name = experiment_name(a, e)
@@ -205,35 +231,32 @@ def run_tune(
                 # to trials that will not continue; remove them so none is half-done.
                 shutil.rmtree(rounds_dir(out, a, e), ignore_errors=True)
                 shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(out / "tune" / f"{name}-rest", ignore_errors=True)
                 space = (
                     {"sample": tune.grid_search(list(range(num_samples)))}
                     if own_sampling
                     else to_tune(spaces[a])
                 )
-                tuner = tune.Tuner(
-                    trainable,
-                    param_space=space,
-                    tune_config=tune.TuneConfig(
-                        num_samples=1 if own_sampling else num_samples,
-                        search_alg=_searcher(search, metric),
-                        scheduler=_scheduler(scheduler, metric, config.rounds),
-                        metric=metric,
-                        mode="max",
-                        trial_name_creator=lambda t, n=name: f"{n}-{t.trial_id}",
-                        trial_dirname_creator=lambda t, n=name: f"{n}-{t.trial_id}",
-                    ),
-                    run_config=tune.RunConfig(
-                        name=name,
-                        storage_path=str(out / "tune"),
-                        # Keep every checkpoint: Tune's experiment snapshot can lag behind
-                        # the newest checkpoint, and a resume must find the one it names.
-                        checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
-                        failure_config=tune.FailureConfig(max_failures=1),
-                        verbose=0,
-                    ),
-                )
+                tuner = new_tuner(trainable, space, name)
             grid = tuner.fit()
-            for result in grid:
+            results = list(grid)
+            if own_sampling:
+                # Tune can lose grid trials that were not yet in its experiment snapshot
+                # when the driver was killed: run exactly the missing sample indices.
+                seen = {int((r.config or {}).get("sample", -1)) for r in results}
+                missing = [k for k in range(num_samples) if k not in seen]
+                rest_path = out / "tune" / f"{name}-rest"
+                if missing and resume and tune.Tuner.can_restore(str(rest_path)):
+                    rest = tune.Tuner.restore(
+                        str(rest_path), trainable, resume_unfinished=True, resume_errored=True
+                    )
+                    results += list(rest.fit())
+                elif missing:
+                    rest = new_tuner(
+                        trainable, {"sample": tune.grid_search(missing)}, f"{name}-rest"
+                    )
+                    results += list(rest.fit())
+            for result in results:
                 tid = (result.metrics or {}).get("trial_id") or Path(result.path).name.rsplit(
                     "-", 1
                 )[-1]
