@@ -385,11 +385,13 @@ class RayExecutor:
         return np.array(self._ray.get(self.server.get_weights.remote()))
 
     def checkpoint(self) -> dict:
+        """The round checkpoint the executor already holds (state after the last round)."""
         ray = self._ray
+        client_refs = self._ckpt_clients or [w.client_state.remote() for w in self.workers]
         clients: dict = {}
-        for part in ray.get([w.client_state.remote() for w in self.workers]):
+        for part in ray.get(client_refs):
             clients.update(part)
-        return {"server": ray.get(self.server.state_dict.remote()), "clients": clients}
+        return {"server": ray.get(self._ckpt_server), "clients": clients}
 
     def restore(self, state: dict) -> None:
         ray = self._ray
