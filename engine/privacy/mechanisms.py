@@ -27,6 +27,19 @@ class ClipResult:
     norm: float  # L2 norm before clipping (non-private diagnostic)
     clipped: bool  # whether the update was scaled down (non-private diagnostic)
     nonfinite: bool  # whether the update was zeroed for being non-finite
+    out_norm: float = math.nan  # L2 norm of ``update`` in float64 (≤ clip_norm)
+
+
+# Input dtypes whose float64 norm can be computed without overflow: for a finite x,
+# ‖x‖² ≤ n·(3.4e38)² < 1.8e308 for any n < 1e231, so the norm is finite exactly when
+# every entry is, and one float64 reduction both measures and checks the update.
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _norm64(x: torch.Tensor) -> float:
+    """‖x‖ accumulated in float64 (x is cast element-wise inside the reduction; equal
+    to ``vector_norm(x.double())`` without materialising the float64 copy)."""
+    return float(torch.linalg.vector_norm(x, dtype=torch.float64))
 
 
 def sanitize_nonfinite(update: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -46,28 +59,47 @@ def _peak_and_unit_norm(update: torch.Tensor) -> tuple[float, float]:
     return peak, float(torch.linalg.vector_norm(x / peak))
 
 
+def _cast_within(scaled: torch.Tensor, dtype: torch.dtype, clip_norm: float) -> tuple:
+    """``scaled`` (float64, norm ≈ C) cast to ``dtype`` with its float64 norm ≤ C: the
+    rounding of the cast can leave it a few ulps above C, then it is shrunk by 1e-6."""
+    out = scaled.to(dtype)
+    after = _norm64(out)
+    for _ in range(8):
+        if after <= clip_norm:
+            break
+        scaled = scaled * (clip_norm / after) * (1.0 - 1e-6)
+        out = scaled.to(dtype)
+        after = _norm64(out)
+    return out, after
+
+
 def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
     """Sanitise then scale ``update`` to L2 norm at most ``clip_norm``.
 
-    The scaling is computed in float64 from the update divided by its largest entry
-    (no overflow or subnormal scale factors), and re-checked after the cast back to
-    the input dtype, so ‖result‖ ≤ C holds exactly even for huge float32 updates.
-    ``clip_norm = inf`` leaves every finite update bit-for-bit unchanged.
+    float32 (and narrower) updates: one float64 reduction gives the norm, and a
+    non-finite norm means a non-finite entry (see ``_NARROW``), which zeroes the update;
+    a clipped update is scaled in float64 and re-measured after the cast back. float64
+    updates, whose norm can overflow, are scaled by their largest entry first (no
+    overflow or subnormal scale factors). Either way ‖result‖ ≤ C holds exactly in
+    float64, even for huge updates, and ``clip_norm = inf`` leaves every finite
+    update bit-for-bit unchanged.
     """
+    if update.dtype in _NARROW:
+        norm = _norm64(update)
+        if not math.isfinite(norm):
+            return ClipResult(torch.zeros_like(update), 0.0, False, True, 0.0)
+        if not (math.isfinite(clip_norm) and norm > clip_norm):
+            return ClipResult(update, norm, False, False, norm)
+        out, after = _cast_within(update.double() * (clip_norm / norm), update.dtype, clip_norm)
+        return ClipResult(out, norm, True, False, after)
     update, nonfinite = sanitize_nonfinite(update)
     peak, unit_norm = _peak_and_unit_norm(update)
     norm = peak * unit_norm  # may be inf for float64 updates near the range limit
     if not (math.isfinite(clip_norm) and norm > clip_norm):
-        return ClipResult(update, norm, False, nonfinite)
+        return ClipResult(update, norm, False, nonfinite, norm)
     scaled = (update.double() / peak) * (clip_norm / unit_norm)
-    out = scaled.to(update.dtype)
-    for _ in range(8):  # rounding of the cast can leave the norm a few ulps above C
-        after = float(torch.linalg.vector_norm(out.double()))
-        if after <= clip_norm:
-            break
-        scaled = scaled * (clip_norm / after) * (1.0 - 1e-6)
-        out = scaled.to(update.dtype)
-    return ClipResult(out, norm, True, nonfinite)
+    out, after = _cast_within(scaled, update.dtype, clip_norm)
+    return ClipResult(out, norm, True, nonfinite, after)
 
 
 def gaussian_noise(

@@ -67,6 +67,25 @@ def test_clip_bound_holds_at_every_scale(clip_norm):
             assert cos == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("clip_norm", [1e-3, 0.7, 1e4, math.inf])
+def test_float32_fast_path_agrees_with_float64_path(clip_norm):
+    """float32 updates are measured by one float64 reduction; their results must match
+    clipping the same update held in float64 (the peak-scaled path), and ``out_norm``
+    must be the exact float64 norm of the returned update."""
+    for v in random_vectors():
+        if v.dtype != torch.float32:
+            continue
+        fast = clip_update(v, clip_norm)
+        ref = clip_update(v.double(), clip_norm)
+        assert fast.out_norm == float(torch.linalg.vector_norm(fast.update.double()))
+        assert fast.out_norm <= clip_norm
+        assert fast.clipped == ref.clipped
+        assert fast.norm == pytest.approx(ref.norm, rel=1e-12)
+        np.testing.assert_allclose(
+            fast.update.double().numpy(), ref.update.numpy(), rtol=2e-6, atol=0.0
+        )
+
+
 @pytest.mark.parametrize(
     "value,dim,clip_norm", [(1e38, 100, 1e-6), (3e38, 1000, 1.0), (1e35, 1000, 1e-3)]
 )
