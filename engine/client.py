@@ -53,6 +53,7 @@ class LocalSpec:
     steps: int | None = None  # exactly this many local steps per client (public K)
     state_dir: str | None = None
     clients_per_batch: int | None = None  # vectorised group size; None: from memory
+    memory_format: str = "contiguous"  # model.memory_format: auto | contiguous | channels_last
 
 
 @dataclass
@@ -121,23 +122,77 @@ def reduce_partials(partials: list[PartialSum], dim: int) -> PartialSum:
     return total
 
 
-def shard_cohort(cohort: np.ndarray, num_shards: int) -> list[np.ndarray]:
-    """Shard k holds the cohort's clients c with c % num_shards == k, ascending.
+def shard_cohort(
+    cohort: np.ndarray, num_shards: int, costs: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Split a round's cohort over ``num_shards`` workers; each shard ascending.
 
-    Sticky: a client is always trained by the same worker, where its state lives.
+    Without ``costs`` (recipes with per-client state) shard k holds the clients c with
+    c % num_shards == k: sticky, a client is always trained by the worker where its
+    state lives. With ``costs`` (estimated work per client, indexed by client id) the
+    split balances the work: longest first, each client to the shard with the least
+    work so far (ties to the lower shard, equal costs by client id). Deterministic in
+    (cohort, costs), so every executor and every re-run forms the same shards. It
+    decides only which process trains a client and the float64 summation order of the
+    clipped updates, never which clients take part or what is released.
     """
     cohort = np.sort(np.asarray(cohort, dtype=np.int64))
-    return [cohort[cohort % num_shards == k] for k in range(num_shards)]
+    if costs is None or num_shards <= 1:
+        return [cohort[cohort % num_shards == k] for k in range(num_shards)]
+    order = cohort[np.argsort(-np.asarray(costs)[cohort], kind="stable")]
+    load = np.zeros(num_shards)
+    members: list[list[int]] = [[] for _ in range(num_shards)]
+    for c in order:
+        k = int(np.argmin(load))
+        members[k].append(int(c))
+        load[k] += costs[c]
+    return [np.sort(np.asarray(m, dtype=np.int64)) for m in members]
+
+
+def client_costs(dataset: FederatedDataset, spec: LocalSpec) -> np.ndarray | None:
+    """Estimated local work per client (examples processed, plus one batch for the
+    per-client overhead of loading, differencing and clipping), for ``shard_cohort``;
+    ``None`` for recipes with per-client state, whose shards must stay sticky."""
+    from algorithms import build_pipeline
+
+    if build_pipeline(spec.algorithm, spec.algo, spec.clip_norm, 0.0).personal is not None:
+        return None
+    sizes = np.array([len(idx) for idx in dataset.client_train], dtype=np.float64)
+    bs = spec.batch_size
+    if spec.steps is not None:
+        examples = np.where(sizes > 0, spec.steps * np.minimum(sizes, bs), 0.0)
+    else:
+        examples = spec.epochs * sizes
+    return examples + bs
 
 
 def init_process_model(
-    seed: int, model_name: str, dataset: FederatedDataset, num_threads: int
+    seed: int,
+    model_name: str,
+    dataset: FederatedDataset,
+    num_threads: int,
+    memory_format: str = "contiguous",
 ) -> nn.Module:
     """Pin this process's torch threads and build the run's initial model (same on
-    every process: it is drawn from the (seed, MODEL_INIT) stream)."""
+    every process: it is drawn from the (seed, MODEL_INIT) stream), laid out in
+    ``memory_format`` (see :func:`resolve_memory_format`)."""
     torch.set_num_threads(max(1, int(num_threads)))
     init = rngs.torch_gen(seed, rngs.MODEL_INIT)
-    return build_model(model_name, dataset.input_shape, dataset.num_classes, init)
+    model = build_model(model_name, dataset.input_shape, dataset.num_classes, init)
+    if resolve_memory_format(memory_format, model) == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def resolve_memory_format(requested: str, model: nn.Module) -> str:
+    """``model.memory_format``: ``auto`` is ``channels_last`` when the model has a 2-d
+    convolution (workers train on the CPU), else ``contiguous``. Parameters keep their
+    logical shape either way: flattening and loading go through ``reshape``/``copy_``,
+    which follow the strides, so only the kernels' speed and rounding change."""
+    if requested == "auto":
+        has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        return "channels_last" if has_conv else "contiguous"
+    return requested
 
 
 def batch_to_tensors(dataset: FederatedDataset, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
@@ -145,6 +200,43 @@ def batch_to_tensors(dataset: FederatedDataset, idx: np.ndarray) -> tuple[torch.
     x = torch.from_numpy(np.ascontiguousarray(dataset.x_train[batch]))
     y = torch.from_numpy(np.ascontiguousarray(dataset.y_train[batch]))
     return x, y
+
+
+class LocalSGD:
+    """``torch.optim.SGD``'s update (dampening 0, no Nesterov) without ``torch.optim``.
+
+    The first ``torch.optim`` optimizer a process builds imports ``torch._dynamo``
+    (~1 s of one core): every client-worker paid it in round 1. This replicates the
+    single-tensor path that ``torch.optim.SGD`` takes for CPU tensors, operation for
+    operation, so the parameters are bit-identical (``tests/test_engine.py`` checks it
+    against ``torch.optim.SGD``): g ← g + wd·w; b ← g on the first step, else
+    b ← m·b + g; w ← w − lr·b (b = g when m = 0).
+    """
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        self.params, self.lr = list(params), float(lr)
+        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    @torch.no_grad()
+    def step(self, grads: list[torch.Tensor]) -> None:
+        for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = torch.clone(g).detach()
+                else:
+                    buf.mul_(self.momentum).add_(g, alpha=1.0)
+                g = buf
+            p.add_(g, alpha=-self.lr)
 
 
 class ClientWorker:
@@ -155,7 +247,9 @@ class ClientWorker:
 
         self.dataset = dataset
         self.spec = spec
-        self.model = init_process_model(spec.seed, spec.model_name, dataset, spec.num_threads)
+        self.model = init_process_model(
+            spec.seed, spec.model_name, dataset, spec.num_threads, spec.memory_format
+        )
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [tuple(p.shape) for p in self.params]
@@ -201,7 +295,7 @@ class ClientWorker:
 
     def _run_steps(self, params, step_rule, batches, anchor, public, lr, plain: bool) -> tuple:
         spec, pipe = self.spec, self.pipeline
-        opt = torch.optim.SGD(
+        opt = LocalSGD(
             params,
             lr=lr,
             momentum=0.0 if plain else spec.momentum,
@@ -218,9 +312,7 @@ class ClientWorker:
                 return loss
 
             loss, grads = step_rule.gradients(params, closure, public)
-            for p, g in zip(params, grads):
-                p.grad = g
-            opt.step()
+            opt.step(grads)
             if pipe.constraint is not None:
                 pipe.constraint.project_(self.params, anchor)
             loss_sum += float(loss)
@@ -421,17 +513,15 @@ class ClientWorker:
         clients = np.asarray(clients, dtype=np.int64)
         for c, delta, loss_sum, steps in self._trained_clients(global_flat, rnd, clients, ctx):
             res = clip_update(delta, self.spec.clip_norm)
-            update = res.update.double()
-            out.max_clipped_norm = max(
-                out.max_clipped_norm, float(torch.linalg.vector_norm(update))
-            )
+            out.max_clipped_norm = max(out.max_clipped_norm, res.out_norm)
             if client_noise:
                 std = priv.noise_multiplier * priv.clip_norm / math.sqrt(self.spec.denominator)
                 noise = gaussian_noise(
-                    update.numel(), std, rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
+                    delta.numel(), std, rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
                 )
-                update = update + noise * support
-            total += update
+                total += res.update.double() + noise * support
+            else:
+                total.add_(res.update)  # promoted to float64 element-wise, no copy
             out.num_clients += 1
             out.norm_sum += res.norm if math.isfinite(res.norm) else 0.0
             out.num_clipped += int(res.clipped)

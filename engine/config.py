@@ -91,11 +91,25 @@ class DatasetConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
+    """``memory_format``: the layout of conv weights and activations in client training.
+    ``auto`` = ``channels_last`` for models with 2-d convolutions trained on the CPU
+    (measured 3–25% faster per step there), else ``contiguous``. Same mathematics either
+    way; the float rounding of the kernels differs, so runs that must match bit for bit
+    use the same setting."""
+
     name: str = "mlp"
+    memory_format: str = "auto"
 
     def __post_init__(self) -> None:
         names = ("logreg", "mlp", "cnn", "resnet10_gn", "resnet18_gn", "char_lstm")
         _check(self.name in names, "model.name", self.name, f"must be one of {names}")
+        formats = ("auto", "contiguous", "channels_last")
+        _check(
+            self.memory_format in formats,
+            "model.memory_format",
+            self.memory_format,
+            f"must be one of {formats}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.client import ClientWorker, LocalSpec, shard_cohort
+from engine.client import ClientWorker, LocalSpec, client_costs, shard_cohort
 from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
 from engine.evaluation import combine_sums, eval_slices
@@ -105,6 +105,7 @@ class LocalExecutor:
         self.server = Server(dataset, server_spec)
         self.worker = ClientWorker(dataset, local_spec)
         self.num_shards = num_shards
+        self.costs = client_costs(dataset, local_spec)
         self.num_clients = dataset.num_clients
         self.personal = self.worker.pipeline.personal is not None
         self.test_slices = eval_slices(len(dataset.y_test), num_shards)
@@ -113,7 +114,7 @@ class LocalExecutor:
         cohort, weights, public = self.server.begin_round(rnd)
         partials = [
             self.worker.train_shard(weights, rnd, shard, public)
-            for shard in shard_cohort(cohort, self.num_shards)
+            for shard in shard_cohort(cohort, self.num_shards, self.costs)
         ]
         row = self.server.finish_round(rnd, *partials, evaluate=False)
         if self.server.is_eval_round(rnd):
@@ -213,6 +214,7 @@ class RayExecutor:
         # arguments from the object store.
         self._data_ref = data_ref
         self._all_clients = np.arange(dataset.num_clients)
+        self.costs = client_costs(dataset, local_spec)
         self.test_slices = eval_slices(len(dataset.y_test), ray_cfg.num_workers)
         self.eval_every, self.rounds = server_spec.eval_every, server_spec.rounds
         from algorithms import build_pipeline
@@ -352,7 +354,7 @@ class RayExecutor:
             rnd
         )
         cohort = ray.get(cohort_ref)
-        shards = shard_cohort(cohort, len(self.workers))
+        shards = shard_cohort(cohort, len(self.workers), self.costs)
         partial_refs = self._train_shards(rnd, shards, weights_ref, public_ref)
         del weights_ref, public_ref
         row = ray.get(self.server.finish_round.remote(rnd, *partial_refs, evaluate=False))

@@ -35,7 +35,6 @@ from functools import partial
 
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet
 
 __all__ = ["MODEL_NAMES", "CharLSTM", "build_model", "num_parameters"]
 
@@ -123,6 +122,10 @@ def _cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 def _resnet_gn(layers: list[int], name: str) -> Callable[[tuple[int, ...], int], nn.Module]:
     def build(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        # Imported here: torchvision.models pulls in torch._dynamo (~1 s), which every
+        # client-worker process would otherwise pay at start-up for any model.
+        from torchvision.models.resnet import BasicBlock, ResNet
+
         c, h, w = _require_image_shape(name, input_shape)
         model = ResNet(
             BasicBlock,

@@ -216,3 +216,34 @@ def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> 
     pd.testing.assert_frame_equal(
         full.rounds[cols].iloc[2:].reset_index(drop=True), resumed.rounds[cols]
     )
+
+
+@pytest.mark.parametrize(
+    "momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-2), (0.5, 5e-3)]
+)
+def test_local_sgd_is_torch_sgd_bit_for_bit(momentum: float, weight_decay: float) -> None:
+    """The workers' optimizer (engine.client.LocalSGD, which avoids torch.optim's
+    import of torch._dynamo) must step exactly like torch.optim.SGD."""
+    from engine.client import LocalSGD
+
+    gen = torch.Generator().manual_seed(5)
+    ref = build_model("cnn", (1, 8, 8), 3, torch.Generator().manual_seed(1))
+    ours = build_model("cnn", (1, 8, 8), 3, torch.Generator().manual_seed(1))
+    opt_ref = torch.optim.SGD(
+        ref.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay
+    )
+    opt = LocalSGD(list(ours.parameters()), lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    for _ in range(5):
+        x = torch.randn(4, 1, 8, 8, generator=gen)
+        y = torch.randint(0, 3, (4,), generator=gen)
+        opt_ref.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt_ref.step()
+        grads = torch.autograd.grad(
+            torch.nn.functional.cross_entropy(ours(x), y), list(ours.parameters())
+        )
+        opt.step(list(grads))
+    assert torch.equal(flatten_params(ours), flatten_params(ref))
+    assert not torch.equal(flatten_params(ours), flatten_params(build_model(
+        "cnn", (1, 8, 8), 3, torch.Generator().manual_seed(1)
+    )))  # fmt: skip

@@ -281,3 +281,45 @@ def test_simulate_with_groups_matches_one_by_one(small_overrides) -> None:
             load_config(overrides=[*base, "ray.clients_per_worker_batch=1", "seed=9"]), write=False
         ).weights,
     )
+
+
+# ---------------------------------------------------------------- memory format
+
+
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp_fedsam"])
+def test_channels_last_trains_the_same_clients(algorithm: str) -> None:
+    """model.memory_format changes only the kernels' layout (vectorised groups use
+    stacked contiguous parameters and never see it; one by one does).
+
+    The forward pass agrees to float rounding. Gradients can differ by more at exact
+    ties inside a max-pooling window (the two layouts' kernels route the gradient to
+    different, equally valid, maximal entries; on this toy data a few windows tie),
+    and training amplifies rounding where a pre-activation crosses 0. So the shard's
+    sums are compared by relative L2 difference: below 1e-2, where another seed
+    differs by more than 0.5.
+    """
+    ref_worker = ClientWorker(dataset("cnn"), make_spec("cnn", algorithm, 1))
+    worker = ClientWorker(dataset("cnn"), make_spec("cnn", algorithm, 1, memory_format="auto"))
+    conv = [m for m in worker.model.modules() if isinstance(m, torch.nn.Conv2d)][-1]  # C_in > 1
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    x = torch.from_numpy(dataset("cnn").x_train)
+    with torch.no_grad():
+        torch.testing.assert_close(worker.model(x), ref_worker.model(x), rtol=1e-5, atol=1e-6)
+
+    def rel(a: PartialSum, b: PartialSum) -> float:
+        return float(np.linalg.norm(a.update_sum - b.update_sum) / np.linalg.norm(b.update_sum))
+
+    w0 = torch.cat([p.detach().reshape(-1) for p in worker.params]).numpy()
+    ref = ref_worker.train_shard(w0, 1, CLIENTS, None)
+    got = worker.train_shard(w0, 1, CLIENTS, None)
+    assert (got.num_clients, got.num_steps) == (ref.num_clients, ref.num_steps)
+    assert rel(got, ref) < 1e-2
+    assert rel(train("cnn", algorithm, 1, memory_format="contiguous", seed=4), ref) > 0.5
+
+
+def test_auto_memory_format_leaves_models_without_convolutions_contiguous() -> None:
+    worker = ClientWorker(dataset("mlp"), make_spec("mlp", "dp_fedavg", 1, memory_format="auto"))
+    assert all(p.is_contiguous() for p in worker.params)
+    with pytest.raises(ValueError, match="model.memory_format"):
+        load_config(overrides=["model.memory_format=nhwc"])

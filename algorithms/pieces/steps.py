@@ -216,7 +216,7 @@ def pgn_gradients(
 def apply_sgd_(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float) -> None:
     """Plain SGD step w ← w − lr·g in place (for tests and hand checks).
 
-    The engine instead sets ``p.grad`` to these gradients and steps ``torch.optim.SGD``
+    The engine instead steps ``engine.client.LocalSGD`` (``torch.optim.SGD``'s update)
     (momentum, weight decay).
 
     Args:
