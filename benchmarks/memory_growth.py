@@ -1,11 +1,15 @@
 """Does any dpfl process's memory grow with the number of rounds?
 
 Runs one workload of ``bench.py`` through dpfl only (2 CPU workers by default) for
-``--rounds`` rounds and reads, at a few rounds spread over the run, the resident set
-(``VmRSS``) and its peak so far (``VmHWM``) of the driver, every client-worker and the
-server. It prints them and, per process, the growth of the peak between the first
-sampled round (after warm-up) and the last. Measured, not asserted: memory on a shared
-machine varies by a few MiB between runs.
+``--rounds`` rounds and reads, at a quarter, half, three quarters and the end of the
+run, the resident set (``RssAnon``: private; ``VmRSS``: all, including the pages of
+Ray's shared-memory object store the process has touched) and its peak so far
+(``VmHWM``) of the driver, every client-worker and the server. The global model is
+evaluated at each of those rounds, so every sample includes evaluation's peak. It
+prints them and, per process, the growth of the private set and of the peak between
+the first sample and the last. Measured, not asserted: glibc's heap and Ray's store
+make these numbers move by tens of MiB between samples; a leak of one model-sized
+buffer per round would add rounds x 4-8 bytes x d.
 
     python benchmarks/memory_growth.py                 # cnn, 40 rounds
     python benchmarks/memory_growth.py --workload logreg --rounds 80
@@ -23,13 +27,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench  # noqa: E402
 
+# Private (anonymous) resident memory, all resident memory (which also counts the
+# pages of Ray's shared-memory object store this process has touched), and its peak.
+FIELDS = ("RssAnon", "VmRSS", "VmHWM")
+
 
 class RoundSampler:
     """``simulate(on_round=...)``: VmRSS and VmHWM of every run process at ``rounds``."""
 
     def __init__(self, run_name: str, rounds: list[int]) -> None:
         self.run_name, self.rounds = run_name, set(rounds)
-        self.samples: dict[int, dict[str, tuple[float | None, float | None]]] = {}
+        self.samples: dict[int, dict[str, tuple[float | None, ...]]] = {}
         self.pids: dict[str, int] = {}
 
     def __call__(self, row: dict, executor: Any) -> None:
@@ -40,10 +48,7 @@ class RoundSampler:
             self.pids = {"driver": os.getpid()}
             self.pids.update(bench.actor_pids(self.run_name, executor)[0])
         self.samples[rnd] = {
-            name: (
-                bench.mb(bench.read_status_kb(pid, "VmRSS")),
-                bench.mb(bench.read_status_kb(pid, "VmHWM")),
-            )
+            name: tuple(bench.mb(bench.read_status_kb(pid, f)) for f in FIELDS)
             for name, pid in sorted(self.pids.items())
         }
 
@@ -54,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args(argv)
-    if a.rounds < 4:
-        p.error(f"--rounds={a.rounds} must be >= 4")
+    if a.rounds < 4 or a.rounds % 4:
+        p.error(f"--rounds={a.rounds} must be a positive multiple of 4")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -64,28 +69,34 @@ def main(argv: list[str] | None = None) -> int:
         w = dataclasses.replace(w, **bench.RESNET_CPU)
     w = dataclasses.replace(w, rounds=a.rounds)
     ds = bench.make_dataset(w)
-    marks = sorted({max(2, a.rounds // 4), a.rounds // 2, 3 * a.rounds // 4, a.rounds})
+    q = max(1, a.rounds // 4)
+    marks = [q, 2 * q, 3 * q, 4 * q]
     sampler = RoundSampler("memgrowth", marks)
     ray.init(num_cpus=max(2, a.workers), include_dashboard=False, log_to_driver=False)
     try:
-        cfg = bench.load_config(overrides=bench.dpfl_overrides(w, a.workers, None, False))
+        overrides = bench.dpfl_overrides(w, a.workers, None, False)
+        # Evaluate at every sampled round, so each sample's peak includes evaluation's.
+        overrides.append(f"eval.every={marks[0]}")
+        cfg = bench.load_config(overrides=overrides)
         bench.reset_peak_rss()
         bench.simulate(cfg, dataset=ds, write=False, progress=False, on_round=sampler,
                        run_name="memgrowth")  # fmt: skip
     finally:
         ray.shutdown()
-    print(f"workload {w.name}: {a.rounds} rounds, {a.workers} workers; MiB as VmRSS / VmHWM")
+    print(
+        f"workload {w.name}: {a.rounds} rounds, {a.workers} workers; MiB as " + " / ".join(FIELDS)
+    )
     names = sorted(sampler.samples[marks[-1]])
-    print(f"{'process':28s}" + "".join(f"{'round ' + str(r):>16s}" for r in marks) + "  HWM growth")
+    head = "".join(f"{'round ' + str(r):>18s}" for r in marks)
+    print(f"{'process':26s}{head}  growth (anon, peak)")
     for name in names:
-        cells = []
-        for r in marks:
-            rss, hwm = sampler.samples.get(r, {}).get(name, (None, None))
-            cells.append(f"{bench.fmt(rss, '.0f')} / {bench.fmt(hwm, '.0f')}")
-        first = sampler.samples[marks[0]][name][1]
-        last = sampler.samples[marks[-1]][name][1]
-        growth = "-" if first is None or last is None else f"{last - first:+.0f}"
-        print(f"{name:28s}" + "".join(f"{c:>16s}" for c in cells) + f"  {growth:>10s}")
+        rows = [sampler.samples.get(r, {}).get(name, (None,) * len(FIELDS)) for r in marks]
+        cells = "".join(f"{' / '.join(bench.fmt(v, '.0f') for v in row):>18s}" for row in rows)
+        grow = []
+        for i in (0, 2):
+            first, last = rows[0][i], rows[-1][i]
+            grow.append("-" if first is None or last is None else f"{last - first:+.0f}")
+        print(f"{name:26s}{cells}  {', '.join(grow)}")
     return 0
 
 
