@@ -475,6 +475,10 @@ def plain_accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch
 def run_plain(w: Workload, ds: FederatedDataset, device: torch.device) -> dict[str, Any]:
     """DP-FedAvg in this process with one torch thread; returns the measurements."""
     torch.set_num_threads(1)
+    # The first torch.optim optimizer of a process imports torch._dynamo (~1 s). That
+    # is start-up, not training: pay it before the clock starts (dpfl's workers avoid
+    # it; the rest of their start-up is in dpfl's wall time).
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     reset = reset_peak_rss()
     t0 = time.perf_counter()
     gen = torch_stream(w.seed, MODEL_INIT)
