@@ -17,6 +17,7 @@ so a client's state lives where the client is trained.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ class LocalSpec:
     state_dir: str | None = None
     clients_per_batch: int | None = None  # vectorised group size; None: from memory
     memory_format: str = "contiguous"  # model.memory_format: auto | contiguous | channels_last
+    device: str = "cpu"  # ray.worker_device: auto | cpu | cuda (see resolve_worker_device)
+    gpu_share: float = 0.0  # this worker's Ray GPU fraction (sizes vectorised groups)
 
 
 @dataclass
@@ -172,33 +175,91 @@ def init_process_model(
     dataset: FederatedDataset,
     num_threads: int,
     memory_format: str = "contiguous",
+    device: torch.device | str = "cpu",
 ) -> nn.Module:
     """Pin this process's torch threads and build the run's initial model (same on
-    every process: it is drawn from the (seed, MODEL_INIT) stream), laid out in
-    ``memory_format`` (see :func:`resolve_memory_format`)."""
+    every process: it is drawn on the CPU from the (seed, MODEL_INIT) stream, then
+    moved to ``device``), laid out in ``memory_format`` (see
+    :func:`resolve_memory_format`)."""
     torch.set_num_threads(max(1, int(num_threads)))
     init = rngs.torch_gen(seed, rngs.MODEL_INIT)
     model = build_model(model_name, dataset.input_shape, dataset.num_classes, init)
-    if resolve_memory_format(memory_format, model) == "channels_last":
+    device = torch.device(device)
+    model = model.to(device)
+    if resolve_memory_format(memory_format, model, device) == "channels_last":
         model = model.to(memory_format=torch.channels_last)
     return model
 
 
-def resolve_memory_format(requested: str, model: nn.Module) -> str:
-    """``model.memory_format``: ``auto`` is ``channels_last`` when the model has a 2-d
-    convolution (workers train on the CPU), else ``contiguous``. Parameters keep their
-    logical shape either way: flattening and loading go through ``reshape``/``copy_``,
-    which follow the strides, so only the kernels' speed and rounding change."""
+def _ray_gpu_ids() -> list:
+    """GPU ids Ray assigned to this process (empty outside a Ray worker or without a
+    GPU share). Ray is never imported here: a process that has not imported it is not
+    a Ray actor."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return []
+    try:
+        return list(ray.get_gpu_ids())
+    except Exception:  # the driver of a local run, or an older Ray
+        return []
+
+
+def resolve_worker_device(requested: str, gpu_ids: list | None = None) -> torch.device:
+    """The device a client worker trains on (``ray.worker_device``).
+
+    ``cpu``: the CPU. ``auto``: the GPU that Ray assigned to this actor (``cuda:0`` of
+    the ``CUDA_VISIBLE_DEVICES`` Ray sets from ``ray.num_gpus_per_worker``; workers
+    sharing a GPU fractionally all see it as ``cuda:0``), the CPU when Ray gave it
+    none. ``cuda``: ``cuda:0`` whether or not Ray assigned it (e.g. ``executor=local``
+    on a GPU machine). A GPU that was asked for but that torch cannot use is an error,
+    never a silent fallback to the CPU.
+
+    Where training runs changes only float rounding: minibatch order, rand-k masks and
+    all noise are drawn from CPU generators (identical on every device), and each
+    update is clipped in float64 before it leaves the worker, so the sensitivity C and
+    hence ε are those of a CPU run.
+    """
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"ray.worker_device={requested!r} must be auto, cpu or cuda")
+    if requested == "cpu":
+        return torch.device("cpu")
+    ids = _ray_gpu_ids() if gpu_ids is None else list(gpu_ids)
+    if requested == "auto" and not ids:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        given = f"Ray gave this worker GPU ids {ids}, but " if ids else ""
+        raise RuntimeError(
+            f"ray.worker_device={requested}: {given}torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); install a "
+            "CUDA build of torch that matches the driver, or set ray.worker_device=cpu"
+        )
+    return torch.device("cuda", 0)
+
+
+def resolve_memory_format(
+    requested: str, model: nn.Module, device: torch.device | str = "cpu"
+) -> str:
+    """``model.memory_format``: ``auto`` is ``channels_last`` for a model with a 2-d
+    convolution trained on the CPU (measured faster there), else ``contiguous`` (on a
+    GPU too: unmeasured, so PyTorch's default). Parameters keep their logical shape
+    either way: flattening and loading go through ``reshape``/``copy_``, which follow
+    the strides, so only the kernels' speed and rounding change."""
     if requested == "auto":
         has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        return "channels_last" if has_conv else "contiguous"
+        on_cpu = torch.device(device).type == "cpu"
+        return "channels_last" if has_conv and on_cpu else "contiguous"
     return requested
 
 
-def batch_to_tensors(dataset: FederatedDataset, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
+def batch_to_tensors(
+    dataset: FederatedDataset, idx: np.ndarray, device: torch.device | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Training examples ``idx`` (in sorted order) as tensors on ``device``."""
     batch = np.sort(idx)
     x = torch.from_numpy(np.ascontiguousarray(dataset.x_train[batch]))
     y = torch.from_numpy(np.ascontiguousarray(dataset.y_train[batch]))
+    if device is not None and device.type != "cpu":
+        x, y = x.to(device), y.to(device)
     return x, y
 
 
@@ -247,8 +308,9 @@ class ClientWorker:
 
         self.dataset = dataset
         self.spec = spec
+        self.device = resolve_worker_device(spec.device)
         self.model = init_process_model(
-            spec.seed, spec.model_name, dataset, spec.num_threads, spec.memory_format
+            spec.seed, spec.model_name, dataset, spec.num_threads, spec.memory_format, self.device
         )
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -261,7 +323,9 @@ class ClientWorker:
         self.head_params: list[torch.Tensor] = []
         self.body_params: list[torch.Tensor] = []
         if self.pipeline.personal is not None:
-            self.head_mask = personal_mask(self.model, self.pipeline.personal.layers)
+            self.head_mask = personal_mask(self.model, self.pipeline.personal.layers).to(
+                self.device
+            )
             self.head_params = self._select(self.head_mask, True)
             self.body_params = self._select(self.head_mask, False)
         self.state = ClientStateStore(spec.state_dir)
@@ -272,6 +336,17 @@ class ClientWorker:
 
     def ping(self) -> int:
         return int(sum(p.numel() for p in self.params))
+
+    def device_name(self) -> str:
+        """Where this worker trains: ``cpu`` or ``cuda:0 (<GPU name>)``."""
+        if self.device.type == "cuda":
+            return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
+        return str(self.device)
+
+    def _global_flat(self, global_weights: np.ndarray) -> torch.Tensor:
+        """The round's global model as a float32 vector on this worker's device."""
+        flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
+        return flat if self.device.type == "cpu" else flat.to(self.device)
 
     # ------------------------------------------------------------------ batches
     def _batches(self, rnd: int, client: int, steps: int | None, epochs: int):
@@ -303,7 +378,7 @@ class ClientWorker:
         )
         loss_sum, steps = 0.0, 0
         for b in batches:
-            x, y = batch_to_tensors(self.dataset, b)
+            x, y = batch_to_tensors(self.dataset, b, self.device)
 
             def closure(x=x, y=y) -> torch.Tensor:
                 loss = self.loss_fn(self.model(x), y)
@@ -326,7 +401,7 @@ class ClientWorker:
         idx = self.dataset.client_train[client]
         total = [torch.zeros_like(p) for p in self.params]
         for s in range(0, len(idx), 256):
-            x, y = batch_to_tensors(self.dataset, idx[s : s + 256])
+            x, y = batch_to_tensors(self.dataset, idx[s : s + 256], self.device)
             _, g = gradients(self.params, lambda x=x, y=y: self.loss_fn(self.model(x), y))
             for t, gi in zip(total, g):
                 t.add_(gi, alpha=len(y) / max(len(idx), 1))
@@ -350,7 +425,7 @@ class ClientWorker:
             saved = self.state.get(client)
             if saved is not None:
                 flat = flatten_params(self.model)
-                flat[self.head_mask] = saved
+                flat[self.head_mask] = saved.to(self.device)
                 load_flat_(self.model, flat)
             head, body = self.head_params, self.body_params
             n_batches = math.ceil(len(self.dataset.client_train[client]) / spec.batch_size)
@@ -382,7 +457,7 @@ class ClientWorker:
         local = flatten_params(self.model)
         delta = local - global_flat
         if self.head_mask is not None:
-            self.state.put(client, local[self.head_mask].clone())
+            self.state.put(client, local[self.head_mask].cpu())  # the store clones
             delta[self.head_mask] = 0.0  # the head never leaves the client
         ctx = {
             "g_tilde": public.get("g_tilde"),
@@ -409,14 +484,15 @@ class ClientWorker:
         ctx: dict[str, Any] = {}
         g = (public or {}).get("g_tilde")
         if g is not None:
-            gt = torch.as_tensor(np.array(g, dtype=np.float32))
+            gt = torch.as_tensor(np.array(g, dtype=np.float32)).to(self.device)
             ctx["g_tilde"] = gt
             ctx["g_tilde_list"] = list(torch.split(gt, [math.prod(s) for s in self.shapes]))
             ctx["g_tilde_list"] = [t.view(s) for t, s in zip(ctx["g_tilde_list"], self.shapes)]
         rk = self.pipeline.randk
         if rk is not None:
             d = sum(math.prod(s) for s in self.shapes)
-            ctx["randk_mask"] = rk.mask(d, rngs.torch_gen(self.spec.seed, rngs.SERVER_PUBLIC, rnd))
+            gen = rngs.torch_gen(self.spec.seed, rngs.SERVER_PUBLIC, rnd)  # a CPU stream
+            ctx["randk_mask"] = rk.mask(d, gen).to(self.device)
         return ctx
 
     def _choose_group_size(self) -> tuple[int, str]:
@@ -503,9 +579,9 @@ class ClientWorker:
         server, or here per client) exactly as before: vectorisation changes no
         privacy-relevant quantity.
         """
-        global_flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
+        global_flat = self._global_flat(global_weights)
         ctx = self.public_context(rnd, public)
-        total = torch.zeros(global_flat.numel(), dtype=torch.float64)
+        total = torch.zeros(global_flat.numel(), dtype=torch.float64, device=self.device)
         out = PartialSum(update_sum=np.zeros(0), num_clients=0)
         priv = self.pipeline.privatizer
         client_noise = priv is not None and priv.site == "client"
@@ -516,9 +592,9 @@ class ClientWorker:
             out.max_clipped_norm = max(out.max_clipped_norm, res.out_norm)
             if client_noise:
                 std = priv.noise_multiplier * priv.clip_norm / math.sqrt(self.spec.denominator)
-                noise = gaussian_noise(
+                noise = gaussian_noise(  # drawn on the CPU: the same on every device
                     delta.numel(), std, rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
-                )
+                ).to(self.device)
                 total += res.update.double() + noise * support
             else:
                 total.add_(res.update)  # promoted to float64 element-wise, no copy
@@ -528,13 +604,13 @@ class ClientWorker:
             out.num_nonfinite += int(res.nonfinite)
             out.loss_sum += loss_sum
             out.num_steps += steps
-        out.update_sum = total.numpy()
+        out.update_sum = total.cpu().numpy()
         return out
 
     def noise_support(self, ctx: dict) -> torch.Tensor:
         """1.0 where noise is added: all released coordinates, or the public rand-k mask."""
         d = sum(math.prod(s) for s in self.shapes)
-        support = torch.ones(d, dtype=torch.float64)
+        support = torch.ones(d, dtype=torch.float64, device=self.device)
         if self.head_mask is not None:
             support[self.head_mask] = 0.0
         priv = self.pipeline.privatizer
@@ -545,18 +621,18 @@ class ClientWorker:
     @torch.no_grad()
     def personal_eval(self, global_weights: np.ndarray, clients: np.ndarray) -> tuple[int, int]:
         """(correct, total) of each client's own head + global body on its held-out split."""
-        global_flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
+        global_flat = self._global_flat(global_weights)
         correct, total = 0, 0
         self.model.eval()
         for c in np.asarray(clients, dtype=np.int64):
             flat = global_flat.clone()
             saved = self.state.get(int(c))
             if saved is not None and self.head_mask is not None:
-                flat[self.head_mask] = saved
+                flat[self.head_mask] = saved.to(self.device)
             load_flat_(self.model, flat)
             idx = self.dataset.client_test[int(c)]
             for s in range(0, len(idx), 1024):
-                x, y = batch_to_tensors(self.dataset, idx[s : s + 1024])
+                x, y = batch_to_tensors(self.dataset, idx[s : s + 1024], self.device)
                 correct += int((self.model(x).argmax(1) == y).sum())
                 total += len(y)
         self.model.train()
@@ -581,7 +657,7 @@ class ClientWorker:
         """
         from engine.evaluation import evaluate_sums
 
-        load_flat_(self.model, torch.from_numpy(np.array(global_weights, dtype=np.float32)))
+        load_flat_(self.model, self._global_flat(global_weights))
         ds = self.dataset
         return evaluate_sums(self.model, ds.x_test[start:stop], ds.y_test[start:stop])
 

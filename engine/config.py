@@ -306,6 +306,7 @@ class RayConfig:
     max_worker_restarts: int = 3
     gpu_memory_safety: float = 0.2
     gpu_packing: str = "fixed"  # fixed: num_gpus_per_worker; memory: measured workers/GPU
+    worker_device: str = "auto"  # auto: the GPU Ray assigned, else CPU; cpu; cuda
 
     def __post_init__(self) -> None:
         _check(
@@ -341,6 +342,12 @@ class RayConfig:
             "ray.gpu_packing",
             self.gpu_packing,
             "must be fixed or memory",
+        )
+        _check(
+            self.worker_device in ("auto", "cpu", "cuda"),
+            "ray.worker_device",
+            self.worker_device,
+            "must be auto, cpu or cuda",
         )
         _check(
             0 <= self.gpu_memory_safety < 1,

@@ -22,20 +22,27 @@ MIA_STREAM = 8
 MIA_MAX_SAMPLES = 2000
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def evaluate_sums(
     model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2048
 ) -> tuple[int, float, int]:
     """(number correct, summed cross-entropy, n) of ``model`` on (x, y).
 
-    Sums, so that slices evaluated on different workers add up to the whole.
+    Sums, so that slices evaluated on different workers add up to the whole. Batches
+    go to the model's device.
     """
     was_training = model.training
     model.eval()
+    device = _device_of(model)
     correct, loss, n = 0, 0.0, len(y)
     for s in range(0, n, batch_size):
-        xb = torch.from_numpy(np.array(x[s : s + batch_size]))
-        yb = torch.from_numpy(np.array(y[s : s + batch_size]))
+        xb = torch.from_numpy(np.array(x[s : s + batch_size])).to(device)
+        yb = torch.from_numpy(np.array(y[s : s + batch_size])).to(device)
         out = model(xb)
         loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
@@ -70,11 +77,12 @@ def combine_sums(parts: list[tuple[int, float, int]]) -> tuple[float, float]:
 @torch.no_grad()
 def per_example_loss(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     model.eval()
+    device = _device_of(model)
     out = []
     for s in range(0, len(y), 2048):
-        xb = torch.from_numpy(np.array(x[s : s + 2048]))
-        yb = torch.from_numpy(np.array(y[s : s + 2048]))
-        out.append(nn.functional.cross_entropy(model(xb), yb, reduction="none").numpy())
+        xb = torch.from_numpy(np.array(x[s : s + 2048])).to(device)
+        yb = torch.from_numpy(np.array(y[s : s + 2048])).to(device)
+        out.append(nn.functional.cross_entropy(model(xb), yb, reduction="none").cpu().numpy())
     model.train()
     return np.concatenate(out) if out else np.zeros(0)
 

@@ -18,6 +18,7 @@ server without passing through the driver.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -190,6 +191,8 @@ class RayExecutor:
         self.gpu_plan = {"num_gpus_per_worker": gpus, **measured}
         if measured:
             print(f"dpfl: GPU packing {self.gpu_plan}", file=sys.stderr)
+        if gpus > 0:  # vectorised groups are sized for this share of the GPU
+            local_spec = dataclasses.replace(local_spec, gpu_share=float(gpus))
         data_ref = ray.put(dataset)
         worker_cls = ray.remote(ClientWorker)
         server_cls = ray.remote(Server)
@@ -238,7 +241,14 @@ class RayExecutor:
                 f"within {ACTOR_START_TIMEOUT_S:.0f} s; the cluster has "
                 f"{ray.cluster_resources()}"
             )
-        ray.get(ready)
+        try:  # a constructor that raised (e.g. no usable GPU) surfaces here
+            ray.get(ready)
+            self.worker_devices = ray.get([w.device_name.remote() for w in self.workers])
+        except Exception:
+            self.close()  # free the actor names for the next attempt in this Ray session
+            raise
+        if any(d != "cpu" for d in self.worker_devices):
+            print(f"dpfl: client workers train on {self.worker_devices}", file=sys.stderr)
         self._save_round_checkpoint()
 
     # ------------------------------------------------------------ fault tolerance

@@ -223,6 +223,7 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         state_dir=state_dir,
         clients_per_batch=cfg.ray.clients_per_worker_batch,
         memory_format=cfg.model.memory_format,
+        device=cfg.ray.worker_device,
     )
     server = ServerSpec(
         seed=cfg.seed,

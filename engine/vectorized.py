@@ -145,9 +145,14 @@ def unsupported_reason(worker: ClientWorker) -> str | None:
     return None
 
 
-def _available_bytes(device: torch.device) -> int:
+def _available_bytes(device: torch.device, gpu_share: float = 0.0) -> int:
+    """Free memory for one worker: on a GPU shared fractionally (``gpu_share`` < 1, as
+    Ray's ``num_gpus``), at most that share of the GPU's total, so that the workers
+    packed on it do not each size their groups for the whole card."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
+        if 0.0 < gpu_share < 1.0:
+            return int(min(free, total * gpu_share))
         return int(free)
     try:
         with open("/proc/meminfo") as f:
@@ -388,8 +393,9 @@ class VectorizedTrainer:
         ds = worker.dataset
         n = min(2, len(ds.y_train))
         ix = np.arange(n, dtype=np.int64)
-        x1 = torch.from_numpy(np.ascontiguousarray(ds.x_train[ix]))
-        y1 = torch.from_numpy(np.ascontiguousarray(ds.y_train[ix]))
+        device = worker.device
+        x1 = torch.from_numpy(np.ascontiguousarray(ds.x_train[ix])).to(device)
+        y1 = torch.from_numpy(np.ascontiguousarray(ds.y_train[ix])).to(device)
         act = [0]
 
         def hook(_m, _inp, out) -> None:
@@ -413,7 +419,7 @@ class VectorizedTrainer:
         }
         x = torch.stack([x1, x1])
         y = torch.stack([y1, y1])
-        w = torch.tensor([[1.0] * n, [0.0] * n])
+        w = torch.tensor([[1.0] * n, [0.0] * n], device=device)
         gv = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0, 0, None))
         grads, loss = gv(params, x, y, w, anchor)
         if not torch.isfinite(loss).all():
@@ -479,7 +485,8 @@ def auto_group_size(worker: ClientWorker, trainer: VectorizedTrainer) -> tuple[i
         return 1, 2, "automatic: one by one, vmap has no batching rule for an op of this model"
     device = worker.params[0].device
     per_client = max(1, trainer.bytes_per_client())
-    by_memory = int(_available_bytes(device) * MEMORY_FRACTION // per_client)
+    available = _available_bytes(device, worker.spec.gpu_share)
+    by_memory = int(available * MEMORY_FRACTION // per_client)
     size = max(1, min(MAX_GROUP, by_memory))
     least = CPU_MIN_GROUP if device.type == "cpu" else 2
     return (

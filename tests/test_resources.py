@@ -49,3 +49,107 @@ def test_probe_measures_a_real_gpu() -> None:
     m = measure_worker_gpu("cnn", (1, 28, 28), 10, batch_size=10)
     assert 0 < m.worker_peak_bytes < m.free_bytes <= m.total_bytes
     assert workers_per_gpu(m, 0.2) >= 1
+
+
+# ----------------------------------------------------------- where workers train
+
+
+def test_worker_device_follows_the_gpu_ray_assigned() -> None:
+    """``auto`` trains on the CPU when Ray gave the worker no GPU, ``cpu`` always does,
+    and a GPU that was asked for but that torch cannot use is an error naming the key
+    and the GPU ids, never a silent CPU fallback."""
+    import torch
+
+    from engine.client import resolve_worker_device
+
+    assert resolve_worker_device("auto", gpu_ids=[]) == torch.device("cpu")
+    assert resolve_worker_device("cpu", gpu_ids=[0]) == torch.device("cpu")
+    with pytest.raises(ValueError, match="ray.worker_device='tpu'"):
+        resolve_worker_device("tpu", gpu_ids=[])
+    if torch.cuda.is_available():
+        assert resolve_worker_device("auto", gpu_ids=[0]) == torch.device("cuda", 0)
+        assert resolve_worker_device("cuda", gpu_ids=[]) == torch.device("cuda", 0)
+        return
+    with pytest.raises(
+        RuntimeError, match=r"ray.worker_device=auto: Ray gave this worker GPU ids \[3\]"
+    ):
+        resolve_worker_device("auto", gpu_ids=[3])
+    with pytest.raises(RuntimeError, match="ray.worker_device=cuda: torch.cuda.is_available"):
+        resolve_worker_device("cuda", gpu_ids=[])
+
+
+def test_worker_device_is_validated_in_the_config() -> None:
+    from engine.config import ConfigError, load_config
+
+    assert load_config(overrides=[]).ray.worker_device == "auto"
+    with pytest.raises(ConfigError, match="ray.worker_device"):
+        load_config(overrides=["ray.worker_device=gpu"])
+
+
+def test_vectorised_groups_are_sized_for_the_workers_gpu_share(monkeypatch) -> None:
+    """Four workers sharing a GPU (num_gpus 0.25) must not each size their groups for
+    the whole card's free memory."""
+    import torch
+
+    from engine.vectorized import _available_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GiB, 16 * GiB))
+    cuda = torch.device("cuda", 0)
+    assert _available_bytes(cuda, 0.25) == 4 * GiB
+    assert _available_bytes(cuda, 0.0) == 10 * GiB  # not a Ray worker: what is free
+    assert _available_bytes(cuda, 1.0) == 10 * GiB  # a whole GPU: what is free
+    assert _available_bytes(cuda, 0.75) == 10 * GiB  # free is less than the share
+
+
+@pytest.mark.ray
+def test_a_worker_given_a_gpu_that_torch_cannot_use_refuses_to_start(
+    ray_session, small_overrides
+) -> None:
+    """CI's Ray declares one fake GPU: workers with half of it get GPU id 0 from Ray,
+    torch finds no CUDA device, and the run fails naming ray.worker_device; with
+    ``ray.worker_device=cpu`` the same workers train on the CPU."""
+    import torch
+
+    from engine.config import load_config
+    from engine.simulate import make_executor, prepare
+
+    if torch.cuda.is_available():
+        pytest.skip("real GPU: covered by test_gpu_workers_match_cpu_workers")
+    base = [
+        *small_overrides,
+        "ray.executor=ray",
+        "ray.num_gpus_per_worker=0.5",
+        "ray.num_cpus_per_worker=0.5",
+        "ray.max_worker_restarts=0",
+        "rounds=1",
+    ]
+    with pytest.raises(Exception, match="ray.worker_device=auto: Ray gave this worker GPU ids"):
+        make_executor(prepare(load_config(overrides=base)))
+    ex = make_executor(prepare(load_config(overrides=[*base, "ray.worker_device=cpu"])))
+    try:
+        assert ex.worker_devices == ["cpu", "cpu"]
+    finally:
+        ex.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp_fedsam", "fedsmp_randk", "dp2_fedsam"])
+def test_gpu_workers_match_cpu_workers(small_overrides, algorithm) -> None:
+    """Same run on cuda and on the CPU: same ε (noise and sampling come from CPU
+    streams), final weights equal to float32 rounding, clipped norms within C."""
+    import numpy as np
+
+    from engine.config import load_config
+    from engine.simulate import simulate
+
+    results = {}
+    for device in ("cpu", "cuda"):
+        cfg = load_config(
+            overrides=[*small_overrides, f"algorithm={algorithm}", f"ray.worker_device={device}"]
+        )
+        results[device] = simulate(cfg, write=False)
+    cpu, gpu = results["cpu"], results["cuda"]
+    assert gpu.final_epsilon == cpu.final_epsilon
+    assert np.linalg.norm(gpu.weights - cpu.weights) <= 1e-3 * max(
+        float(np.linalg.norm(cpu.weights)), 1.0
+    )

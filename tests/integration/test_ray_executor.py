@@ -22,7 +22,8 @@ def test_ray_equals_in_process_bit_for_bit(ray_session, small_overrides) -> None
         "ray.num_workers=2",
         "ray.num_cpus_per_worker=0.5",
         "ray.num_gpus_per_worker=0.5",
-    )  # fractional-GPU path (a fake GPU in CI)
+        "ray.worker_device=cpu",
+    )  # fractional-GPU scheduling (a fake GPU in CI, so training is told to stay on the CPU)
     local = simulate(_cfg(small_overrides, *extra), write=False)
     on_ray = simulate(_cfg(small_overrides, *extra, "ray.executor=ray"), write=False)
     assert np.array_equal(local.weights, on_ray.weights)
