@@ -785,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     has_conv = any(isinstance(m, nn.Conv2d) for m in probe.modules())
     fmt_used = args.memory_format
     if fmt_used == "auto":  # the engine's rule (engine.client.resolve_memory_format)
-        fmt_used = "channels_last" if has_conv else "contiguous"
+        fmt_used = "channels_last" if has_conv and device.type == "cpu" else "contiguous"
     print(f"== dpfl benchmark: workload {w.name}{' (quick)' if args.quick else ''} ==")
     gpu = hw["gpu"] or "none"
     print(

@@ -157,3 +157,50 @@ def test_quick_benchmark_runs_both_sides(tmp_path: Path) -> None:
     assert len(set(dpfl["pids"].values())) == len(dpfl["pids"])  # distinct processes
     assert all(v is not None and v > 0 for v in plain["peak_rss_mb"].values())
     assert rep["hardware"]["torch"] and rep["hardware"]["ray"] and rep["hardware"]["cores"] >= 1
+
+
+SCALING = REPO / "benchmarks" / "gpu_scaling.py"
+
+
+def _load_scaling() -> ModuleType:
+    sys.path.insert(0, str(SCALING.parent))
+    spec = importlib.util.spec_from_file_location("dpfl_gpu_scaling", SCALING)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_scaling_counts_steady_clients_per_second_after_round_one() -> None:
+    """Round 1 (CUDA start-up) is left out: rounds 2..R of a cumulative wall clock."""
+    import pandas as pd
+
+    scaling = _load_scaling()
+    rows = pd.DataFrame(
+        {"wall_time_s": [4.0, 6.0, 9.0], "realised_cohort_size_nonprivate": [50, 4, 6]}
+    )
+    rate, first, n = scaling.steady_rate(rows)
+    assert (rate, first, n) == (10 / 5.0, 4.0, 10)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_gpu_scaling_sweep_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The sweep's smoke run (no GPU here): every configuration trains, its workers
+    report where they trained, and ε is the same for every packing (σ, sampling and
+    rounds do not depend on it)."""
+    out = tmp_path / "scaling.json"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    cmd = [sys.executable, str(SCALING), "--quick", "--device", "cpu", "--workloads", "cnn"]
+    cmd += ["--groups", "1", "--rounds", "2", "--cpus-per-worker", "0.5", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert [(r["workers_per_gpu"], r["workers"]) for r in results] == [(1, 1), (2, 2)]
+    for r in results:
+        assert r["devices"] == ["cpu"] * r["workers"]
+        assert r["gpu_peak_mb"] == []
+        assert r["steady_updates"] > 0 and r["clients_per_s"] > 0
+    assert len({r["epsilon"] for r in results}) == 1
+    assert f"{results[0]['epsilon']:.4f}" in proc.stdout
