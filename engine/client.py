@@ -309,6 +309,11 @@ class ClientWorker:
         self.dataset = dataset
         self.spec = spec
         self.device = resolve_worker_device(spec.device)
+        if self.device.type == "cuda":
+            # Same seed, same GPU and software: same run. cuDNN's autotuner may pick
+            # different kernels per process and some kernels accumulate atomically.
+            torch.backends.cudnn.benchmark = False
+            torch.backends.cudnn.deterministic = True
         self.model = init_process_model(
             spec.seed, spec.model_name, dataset, spec.num_threads, spec.memory_format, self.device
         )
