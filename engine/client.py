@@ -258,7 +258,7 @@ def batch_to_tensors(
     batch = np.sort(idx)
     x = torch.from_numpy(np.ascontiguousarray(dataset.x_train[batch]))
     y = torch.from_numpy(np.ascontiguousarray(dataset.y_train[batch]))
-    if device is not None and device.type != "cpu":
+    if device is not None:  # .to() of a tensor already there returns it, no copy
         x, y = x.to(device), y.to(device)
     return x, y
 
@@ -350,8 +350,7 @@ class ClientWorker:
 
     def _global_flat(self, global_weights: np.ndarray) -> torch.Tensor:
         """The round's global model as a float32 vector on this worker's device."""
-        flat = torch.from_numpy(np.array(global_weights, dtype=np.float32, copy=True))
-        return flat if self.device.type == "cpu" else flat.to(self.device)
+        return torch.from_numpy(np.array(global_weights, dtype=np.float32)).to(self.device)
 
     # ------------------------------------------------------------------ batches
     def _batches(self, rnd: int, client: int, steps: int | None, epochs: int):
