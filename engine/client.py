@@ -191,6 +191,25 @@ def init_process_model(
     return model
 
 
+def configure_cuda_numerics() -> None:
+    """IEEE float32 and deterministic kernels for a worker that trains on a GPU.
+
+    * Same seed, same GPU and software: same run. cuDNN's autotuner may pick
+      different kernels per process and some kernels accumulate atomically, so the
+      autotuner is off and cuDNN is deterministic.
+    * TF32 is off for convolutions and matrix products (PyTorch enables it for cuDNN
+      convolutions by default): TF32 keeps 10 mantissa bits, so a GPU run would differ
+      from the CPU run of the same seed by ~1e-3 relative per step instead of float32
+      rounding, and the vectorised probe (``engine.vectorized``), which checks a
+      group's gradients against plain autograd, failed on every conv model and left
+      GPU workers training one client at a time.
+    """
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def _ray_gpu_ids() -> list:
     """GPU ids Ray assigned to this process (empty outside a Ray worker or without a
     GPU share). Ray is never imported here: a process that has not imported it is not
@@ -310,10 +329,7 @@ class ClientWorker:
         self.spec = spec
         self.device = resolve_worker_device(spec.device)
         if self.device.type == "cuda":
-            # Same seed, same GPU and software: same run. cuDNN's autotuner may pick
-            # different kernels per process and some kernels accumulate atomically.
-            torch.backends.cudnn.benchmark = False
-            torch.backends.cudnn.deterministic = True
+            configure_cuda_numerics()
         self.model = init_process_model(
             spec.seed, spec.model_name, dataset, spec.num_threads, spec.memory_format, self.device
         )

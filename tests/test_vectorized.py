@@ -323,3 +323,32 @@ def test_auto_memory_format_leaves_models_without_convolutions_contiguous() -> N
     assert all(p.is_contiguous() for p in worker.params)
     with pytest.raises(ValueError, match="model.memory_format"):
         load_config(overrides=["model.memory_format=nhwc"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp_fedsam"])
+def test_gpu_groups_of_a_conv_model_match_one_by_one(algorithm) -> None:
+    """On a GPU the probe accepts the conv model and groups match one-by-one training.
+
+    Before TF32 was switched off in GPU workers (engine.client.configure_cuda_numerics)
+    every conv model failed the probe on the GPU and trained one client at a time.
+    GPU kernels (cuDNN's algorithms, grouped convolutions) round differently from one
+    another, so the tolerance is on the relative norm of the summed clipped update:
+    1e-3, where a group that dropped or mixed up a client is off by O(1/12).
+    """
+    ds = dataset("cnn")
+
+    def run(group: int) -> tuple[ClientWorker, PartialSum]:
+        worker = ClientWorker(ds, make_spec("cnn", algorithm, group, device="cuda"))
+        w0 = torch.cat([p.detach().reshape(-1) for p in worker.params]).cpu().numpy()
+        return worker, worker.train_shard(w0, 1, CLIENTS)
+
+    one_worker, one = run(1)
+    group_worker, grouped = run(4)
+    assert one_worker.device.type == "cuda"
+    assert not torch.backends.cudnn.allow_tf32
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert group_worker.vectorized is not None, group_worker.vectorized_note
+    assert grouped.num_steps == one.num_steps and grouped.num_clipped == one.num_clipped
+    err = np.linalg.norm(grouped.update_sum - one.update_sum)
+    assert err <= 1e-3 * np.linalg.norm(one.update_sum)
