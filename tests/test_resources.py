@@ -154,3 +154,45 @@ def test_gpu_workers_match_cpu_workers(small_overrides, algorithm) -> None:
     assert np.linalg.norm(gpu.weights - cpu.weights) <= 1e-3 * max(
         float(np.linalg.norm(cpu.weights)), 1.0
     )
+
+
+@pytest.mark.ray
+def test_default_gpu_share_spreads_workers_only_over_usable_gpus(ray_session, monkeypatch) -> None:
+    """``ray.num_gpus_per_worker=0`` with ``worker_device=auto`` uses the cluster's GPUs
+    (1/num_workers of a GPU each, at most 1) only when this process can use CUDA: CI's
+    Ray declares one GPU that torch cannot use, and the workers stay on CPUs."""
+    import torch
+
+    from engine.config import load_config
+    from engine.resources import default_gpu_share, plan_gpu_share
+
+    assert ray_session.cluster_resources().get("GPU", 0) == 1
+    cfg = load_config(overrides=["ray.num_workers=2"]).ray
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_gpu_share(2) == 0.0
+    assert plan_gpu_share(cfg, "mlp", None, 8) == (0.0, {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_gpu_share(2) == 0.5
+    assert default_gpu_share(1) == 1.0
+    assert plan_gpu_share(cfg, "mlp", None, 8)[0] == 0.5
+    explicit = load_config(overrides=["ray.num_workers=2", "ray.worker_device=cpu"]).ray
+    assert plan_gpu_share(explicit, "mlp", None, 8) == (0.0, {})
+
+
+@pytest.mark.gpu
+@pytest.mark.ray
+def test_default_config_trains_on_a_usable_gpu(ray_session, small_overrides) -> None:
+    """With a GPU the driver can use, the default ``ray.num_gpus_per_worker=0`` and
+    ``worker_device=auto`` put the workers on it (0.5 GPU each for 2 workers)."""
+    from engine.config import load_config
+    from engine.simulate import make_executor, prepare
+
+    cfg = load_config(
+        overrides=[*small_overrides, "ray.executor=ray", "ray.num_cpus_per_worker=0.5"]
+    )
+    ex = make_executor(prepare(cfg))
+    try:
+        assert ex.gpu_plan["num_gpus_per_worker"] == 0.5
+        assert all(d.startswith("cuda") for d in ex.worker_devices), ex.worker_devices
+    finally:
+        ex.close()
