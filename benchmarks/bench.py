@@ -243,6 +243,27 @@ WORKLOADS: dict[str, Workload] = {
         noise_multiplier=1.0,
         gpu=True,
     ),
+    # pfl-research's CIFAR-10 cross-device benchmark shape: 1,000 clients of 50
+    # images, 50 per round (Poisson, expected 50), 1 local epoch of batch 10, lr 0.1.
+    "cifar10_pfl": Workload(
+        name="cifar10_pfl",
+        model="cnn",
+        data="templates",
+        config_dataset="cifar10",
+        num_clients=1000,
+        mean_samples=50,
+        input_shape=(3, 32, 32),
+        num_classes=10,
+        test_size=2000,
+        rate=0.05,
+        rounds=100,
+        epochs=1,
+        batch_size=10,
+        lr=0.1,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        gpu=True,
+    ),
 }
 
 RESNET_CPU = {"num_clients": 20, "mean_samples": 24, "rate": 0.25, "rounds": 2, "test_size": 200}

@@ -204,3 +204,26 @@ def test_gpu_scaling_sweep_runs_on_the_cpu(tmp_path: Path) -> None:
         assert r["steady_updates"] > 0 and r["clients_per_s"] > 0
     assert len({r["epsilon"] for r in results}) == 1
     assert f"{results[0]['epsilon']:.4f}" in proc.stdout
+
+
+VECTORIZED = REPO / "benchmarks" / "gpu_vectorized.py"
+
+
+@pytest.mark.slow
+def test_gpu_vectorized_groups_reproduce_one_by_one_on_the_cpu(tmp_path: Path) -> None:
+    """The vectorised-vs-one-by-one benchmark's smoke run (CPU): every group size
+    takes the same number of local steps as one-by-one training and its summed
+    clipped update agrees to float32 rounding (the GPU run prints the same columns)."""
+    out = tmp_path / "vec.json"
+    cmd = [sys.executable, str(VECTORIZED), "--device", "cpu", "--quick", "--groups", "1,4,8"]
+    cmd += ["--cohort", "8", "--repeats", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["group"] for r in results] == [1, 4, 8]
+    assert len({r["steps"] for r in results}) == 1
+    assert results[0]["rel_diff_vs_one_by_one"] == 0.0
+    for r in results[1:]:
+        assert r["note"] == f"ray.clients_per_worker_batch={r['group']}"
+        assert r["rel_diff_vs_one_by_one"] < 1e-4
+        assert r["clients_per_s"] > 0
