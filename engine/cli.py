@@ -1,128 +1,113 @@
-"""The ``dpfl`` command line: ``dpfl run``, ``dpfl privacy``, ``dpfl algorithms``, ...,
-and ``dpfl submit`` (any of them as a Ray job on a cluster).
+"""The ``dpfl`` command line: ``dpfl run``, ``dpfl compare``, ``dpfl tune``, ``dpfl
+report``, ``dpfl privacy``, ``dpfl algorithms``, ``dpfl config`` and ``dpfl submit``
+(any of them as a Ray job on a cluster).
 
-Invalid input exits with status 2 and one line on stderr naming the key and value.
+Contract with users:
+
+* Invalid input (a bad value, an unknown key, a YAML syntax error, a missing file, a
+  bad flag) exits with status 2 and one line on stderr, ``dpfl: error: ...``, naming
+  the value; checks run before any folder is created or Ray is started.
+* Results are never overwritten: an existing results folder is an error naming
+  ``--resume`` (where a command can continue) and ``--overwrite`` (which removes the
+  old folder first, stale reports and figures included). Default folder names carry
+  the time to the microsecond and are created exclusively, so two commands started
+  together never share one.
+* Ray's console chatter (its log lines, the C++ core worker's warnings, workers'
+  output) goes to ``ray.log`` in the results folder; ``--verbose`` shows it instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as _dt
+import importlib.util
 import json
 import os
+import shutil
 import sys
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from engine.config import ConfigError, load_config
+from engine.config import ConfigError, RunConfig, load_config
 
-
-def _run(args: argparse.Namespace) -> int:
-    from engine.simulate import simulate
-
-    resume = None
-    if args.resume:
-        from engine.simulate import load_run
-
-        if args.config or args.set:
-            raise ConfigError("--resume continues a run with its saved config: drop --config/--set")
-        config, resume = load_run(args.resume)
-    else:
-        config = load_config(args.config, args.set)
-    if args.executor:
-        from engine.config import replace
-
-        config = replace(config, **{"ray.executor": args.executor})
-    result = simulate(config, progress=not args.quiet, resume=resume)
-    p = result.privacy
-    acc = result.final_accuracy
-    if p["private"]:
-        budget = f" (budget {p['target_epsilon']:g})" if p["target_epsilon"] else ""
-        priv = (
-            f"epsilon={p['final_epsilon']:.4g}{budget} at delta={p['delta']:.3g}, "
-            f"noise_multiplier={p['noise_multiplier']:.4g}, clip_norm={p['clip_norm']:g}, "
-            f"{p['sampling']} sampling q={p['sampling_rate']:.4g}, {p['accountant']} accountant"
-        )
-    else:
-        priv = "not private (epsilon=inf)"
-    print(
-        f"{config.algorithm} on {config.dataset.name}/{config.model.name}: "
-        f"{config.rounds} rounds, final test_accuracy={acc:.4f}; {priv}"
-    )
-    print(f"results: {result.out_dir}")
-    return 0
+#: Metrics a Tune trial reports and ``dpfl tune`` can maximise.
+TUNE_METRICS = ("test_accuracy", "personal_accuracy")
+RAY_LOG = "ray.log"
+#: Read by :func:`engine.executors.ensure_ray`: "0" keeps workers' output off the console.
+LOG_TO_DRIVER_ENV = "DPFL_RAY_LOG_TO_DRIVER"
+#: The keys that promise privacy; a non-private recipe given one is an error.
+PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delta")
 
 
-def _privacy(args: argparse.Namespace) -> int:
-    from engine.privacy.accounting import (
-        CalibrationError,
-        SamplingSpec,
-        calibrate_noise_multiplier,
-        compute_epsilon,
-    )
+class _Parser(argparse.ArgumentParser):
+    """argparse with dpfl's error contract: one line, exit 2."""
 
-    if (args.epsilon is None) == (args.noise_multiplier is None):
-        raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
-    num_clients = args.num_clients
-    if num_clients is None:
-        if args.cohort_size is not None or args.max_cohort is not None:
-            raise ConfigError("--num-clients is required with --cohort-size or --max-cohort")
-        num_clients = 10**9  # plain Poisson accounting does not depend on N
-    if not 0 < args.delta < 1:
-        raise ConfigError(f"--delta={args.delta}: must be in (0, 1)")
-    if args.rounds < 1:
-        raise ConfigError(f"--rounds={args.rounds}: must be >= 1")
-    try:
-        if args.cohort_size is not None:
-            spec = SamplingSpec("fixed", num_clients, cohort_size=args.cohort_size)
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"dpfl: error: {message} (see {self.prog} --help)\n")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _given(path: str | None, overrides: list[str]) -> dict[str, Any]:
+    """The keys the user set (YAML file and ``--set``), dotted, with their values."""
+    from engine.config import parse_override, read_yaml_mapping
+
+    given: dict[str, Any] = {}
+
+    def walk(tree: dict, prefix: str) -> None:
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                given[f"{prefix}{k}"] = v
+
+    if path is not None:
+        walk(read_yaml_mapping(path), "")
+    for item in overrides:
+        key, value = parse_override(item)
+        if isinstance(value, dict):
+            walk(value, f"{key}.")
         else:
-            spec = SamplingSpec(
-                "poisson", num_clients, rate=args.sampling_rate, max_cohort=args.max_cohort
-            )
-        accountant = args.accountant or spec.default_accountant()
-        if args.epsilon is not None:
-            z = calibrate_noise_multiplier(args.epsilon, args.delta, spec, args.rounds, accountant)
-        else:
-            z = args.noise_multiplier
-        eps = compute_epsilon(z, spec, args.rounds, args.delta, accountant)
-    except (CalibrationError, ValueError) as e:
-        raise ConfigError(str(e)) from None
-    out = {
-        "noise_multiplier": z,
-        "epsilon": eps,
-        "delta": args.delta,
-        "sampling_rate": spec.effective_rate,
-        "rounds": args.rounds,
-        "sampling": spec.name,
-        "adjacency": spec.adjacency,
-        "accountant": accountant,
-    }
-    if args.json:
-        print(json.dumps(out))
-    elif args.epsilon is not None:
-        print(f"noise_multiplier={z:.6g} (epsilon={eps:.6g} <= {args.epsilon:g})")
-    else:
-        print(f"epsilon={eps:.6g}")
-    return 0
+            given[key] = value
+    return given
 
 
-def _compare(args: argparse.Namespace) -> int:
-    import datetime as _dt
-    from pathlib import Path
-
-    from engine.compare import compare, format_table, parse_algorithms
-
+def _load(args: argparse.Namespace) -> RunConfig:
     config = load_config(args.config, args.set)
-    if args.executor:
+    if getattr(args, "executor", None):
         from engine.config import replace
 
         config = replace(config, **{"ray.executor": args.executor})
-    names = parse_algorithms(args.algorithms)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out or f"results/compare-{stamp}")
-    out.mkdir(parents=True, exist_ok=True)
-    summary = compare(config, names, out, progress=not args.quiet)
-    print(format_table(summary))
-    print(f"results: {out}")
-    return 0
+    return config
+
+
+def _check_private(config: RunConfig, args: argparse.Namespace) -> None:
+    """A non-private recipe given a privacy target is an error, not a silent no-op."""
+    if config.is_private:
+        return
+    given = _given(args.config, args.set)
+    for key in PRIVACY_PROMISES:
+        if given.get(key) is not None:
+            raise ConfigError(
+                f"{key}={given[key]!r}: algorithm={config.algorithm} is not private and "
+                "would ignore it; drop the key or choose a private algorithm (dpfl algorithms)"
+            )
+
+
+def _seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds={text!r}: expected distinct integers >= 0, e.g. 0,1,2")
+    return seeds
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -132,36 +117,427 @@ def _floats(text: str, flag: str) -> list[float]:
         raise ConfigError(f"{flag}={text!r}: expected comma-separated numbers") from None
 
 
+def _default_out(name: str) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path("results") / f"{stamp}-{name}"
+
+
+def _holds_results(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def _check_out(path: Path, flag: str, overwrite: bool, resume: str | None = None) -> None:
+    """An existing results folder is kept unless --overwrite; checked before any work."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag}={str(path)!r}: is a file, not a folder")
+    if _holds_results(path) and not overwrite:
+        how = f"{resume} to continue it, or --overwrite" if resume else "--overwrite"
+        raise ConfigError(
+            f"{flag}={str(path)!r}: already holds results; pass {how} to replace it "
+            "(nothing was changed)"
+        )
+
+
+def _claim_out(path: Path, overwrite: bool, default: bool) -> Path:
+    """Create the results folder. A default name is created exclusively (a suffix is
+    added rather than share a folder); ``overwrite`` removes the old folder first."""
+    if default:
+        candidate, n = path, 1
+        while True:
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:
+                n += 1
+                candidate = path.with_name(f"{path.name}-{n}")
+    if overwrite and path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None]:
+    """Send Ray's console output to ``out/ray.log`` (unless ``verbose``).
+
+    Ray writes to the console three ways: Python log records (the ``ray`` logger, e.g.
+    its token-authentication notice), C++ log lines written straight to file
+    descriptor 2 by the driver's core worker (e.g. ``core_worker.cc ...
+    max_restarts``), and workers' output forwarded to the driver. The first is given a
+    file handler, the second is caught by pointing fd 2 at the log while Python's
+    ``sys.stderr`` (progress bars, warnings, errors) keeps the console, and the third
+    is turned off (:data:`LOG_TO_DRIVER_ENV`; workers' output stays in Ray's session
+    logs). When ``out`` does not exist yet, the log is kept in a temporary file and
+    appended to ``out/ray.log`` when the command ends, if ``out`` then exists.
+    """
+    if verbose or not uses_ray:
+        yield
+        return
+    import logging
+    import tempfile
+
+    import ray  # noqa: F401 - its logger exists before it is redirected
+
+    tmp = None
+    if out.is_dir():
+        log = open(out / RAY_LOG, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    else:
+        fd, tmp = tempfile.mkstemp(prefix="dpfl-ray-", suffix=".log")
+        log = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+    log.write(
+        f"# dpfl {' '.join(sys.argv[1:])}: Ray's console output "
+        f"(workers' output: Ray's session logs, e.g. /tmp/ray/session_latest/logs)\n"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console_fd = os.dup(2)
+    old_stderr = sys.stderr
+    try:
+        real = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        real = False  # already redirected (e.g. captured by a test): leave it alone
+    os.dup2(log.fileno(), 2)
+    if real:
+        sys.stderr = open(  # noqa: SIM115
+            console_fd,
+            "w",
+            buffering=1,
+            closefd=False,
+            encoding=getattr(old_stderr, "encoding", None) or "utf-8",
+            errors="backslashreplace",
+        )
+    # ray.init(configure_logging=False) removes the "ray" logger's handlers, after which
+    # Ray's records reach logging.lastResort (the console): both go to the log.
+    ray_logger = logging.getLogger("ray")
+    handlers, propagate = ray_logger.handlers[:], ray_logger.propagate
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    ray_logger.handlers = [handler]
+    ray_logger.propagate = False
+    last_resort = logging.lastResort
+    logging.lastResort = handler
+    env_before = os.environ.get(LOG_TO_DRIVER_ENV)
+    os.environ[LOG_TO_DRIVER_ENV] = "0"
+    try:
+        yield
+    finally:
+        if env_before is None:
+            os.environ.pop(LOG_TO_DRIVER_ENV, None)
+        else:
+            os.environ[LOG_TO_DRIVER_ENV] = env_before
+        ray_logger.handlers = handlers
+        ray_logger.propagate = propagate
+        logging.lastResort = last_resort
+        sys.stderr.flush()
+        os.dup2(console_fd, 2)
+        if real:
+            sys.stderr = old_stderr
+        os.close(console_fd)
+        log.close()
+        if tmp is not None:
+            if out.is_dir():
+                with (
+                    open(tmp, encoding="utf-8") as src,
+                    open(out / RAY_LOG, "a", encoding="utf-8") as dst,
+                ):
+                    shutil.copyfileobj(src, dst)
+            os.unlink(tmp)
+
+
+def _shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _privacy_line(p: dict) -> str:
+    if not p["private"]:
+        return "not private (epsilon=inf)"
+    budget = f" (budget {p['target_epsilon']:g})" if p["target_epsilon"] else ""
+    return (
+        f"epsilon={p['final_epsilon']:.4g}{budget} at delta={p['delta']:.3g}, "
+        f"noise_multiplier={p['noise_multiplier']:.4g}, clip_norm={p['clip_norm']:g}, "
+        f"{p['sampling']} sampling q={p['sampling_rate']:.4g}, {p['accountant']} accountant"
+    )
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _run(args: argparse.Namespace) -> int:
+    from engine.config import replace
+    from engine.simulate import prepare, simulate
+
+    if args.resume:
+        from engine.simulate import load_run
+
+        for flag, value in (
+            ("--config/--set", args.config or args.set),
+            ("--out", args.out),
+            ("--seeds", args.seeds),
+            ("--overwrite", args.overwrite),
+        ):
+            if value:
+                raise ConfigError(
+                    f"--resume {args.resume}: continues a run with its saved config and "
+                    f"folder; drop {flag}"
+                )
+        config, resume = load_run(args.resume)
+        if args.executor:
+            config = replace(config, **{"ray.executor": args.executor})
+        out = Path(args.resume)
+        with _quiet_ray(out, args.verbose, config.ray.executor == "ray"):
+            result = simulate(config, progress=not args.quiet, resume=resume)
+        _print_run(config, result)
+        return 0
+
+    config = _load(args)
+    _check_private(config, args)
+    seeds = _seeds(args.seeds)
+    requested = args.out or config.out
+    out = Path(requested) if requested else _default_out(config.algorithm)
+    if requested:
+        _check_out(out, "--out" if args.out else "out", args.overwrite, f"--resume {out}")
+    elif args.overwrite:
+        raise ConfigError("--overwrite: give the folder to replace with --out DIR")
+    first = replace(config, seed=seeds[0]) if seeds else config
+    prep = prepare(first)  # every check that needs no training, before any folder exists
+    out = _claim_out(out, args.overwrite, default=not requested)
+    uses_ray = config.ray.executor == "ray"
+    with _quiet_ray(out, args.verbose, uses_ray):
+        if not seeds:
+            result = simulate(
+                replace(config, out=str(out)), progress=not args.quiet, dataset=prep.dataset
+            )
+            _print_run(config, result)
+            return 0
+        owns_ray = False
+        if uses_ray:  # one Ray for every seed
+            from engine.executors import ensure_ray
+
+            owns_ray = ensure_ray(config.ray)
+        try:
+            results = []
+            for s in seeds:
+                c = replace(config, seed=s, out=str(out / f"seed{s}"))
+                results.append(
+                    simulate(
+                        c, progress=not args.quiet, dataset=prep.dataset if s == seeds[0] else None
+                    )
+                )
+                print(f"seed {s}: final test_accuracy={results[-1].final_accuracy:.4f}")
+        finally:
+            if owns_ray:
+                _shutdown_ray()
+    _print_seeds(config, seeds, results, out)
+    return 0
+
+
+def _print_run(config: RunConfig, result) -> None:
+    print(
+        f"{config.algorithm} on {config.dataset.name}/{config.model.name}: "
+        f"{config.rounds} rounds, final test_accuracy={result.final_accuracy:.4f}; "
+        f"{_privacy_line(result.privacy)}"
+    )
+    print(f"results: {result.out_dir}")
+
+
+def _print_seeds(config: RunConfig, seeds: list[int], results: list, out: Path) -> None:
+    import numpy as np
+
+    acc = np.array([r.final_accuracy for r in results], dtype=float)
+    std = float(acc.std(ddof=1)) if len(acc) > 1 else float("nan")
+    print(
+        f"{config.algorithm} on {config.dataset.name}/{config.model.name}: "
+        f"{config.rounds} rounds, final test_accuracy={acc.mean():.4f} ± {std:.2g} "
+        f"(mean ± sample std over {len(seeds)} seeds); {_privacy_line(results[0].privacy)}"
+    )
+    print(f"results: {out} (one folder per seed: {', '.join(f'seed{s}' for s in seeds)})")
+
+
+def _privacy(args: argparse.Namespace) -> int:
+    from engine.config import DatasetConfig
+    from engine.privacy.accounting import (
+        CalibrationError,
+        SamplingSpec,
+        calibrate_noise_multiplier,
+        compute_epsilon,
+        default_delta,
+    )
+
+    if args.cohort_size is None and args.sampling_rate is None:
+        raise ConfigError("--sampling-rate is required (or --cohort-size with --num-clients)")
+    if (args.epsilon is None) == (args.noise_multiplier is None):
+        raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds={args.rounds}: must be >= 1")
+    num_clients = args.num_clients
+    if num_clients is not None and num_clients < 1:
+        raise ConfigError(f"--num-clients={num_clients}: must be >= 1")
+    if num_clients is None and (args.cohort_size is not None or args.max_cohort is not None):
+        raise ConfigError("--num-clients is required with --cohort-size or --max-cohort")
+    # delta defaults as in runs: N^-1.1 with N = --num-clients (default dataset.num_clients)
+    population = num_clients if num_clients is not None else DatasetConfig().num_clients
+    delta = args.delta if args.delta is not None else default_delta(population)
+    if not 0 < delta < 1:
+        raise ConfigError(f"--delta={args.delta}: must be in (0, 1)")
+    if num_clients is None:
+        num_clients = 10**9  # plain Poisson accounting does not depend on N
+    try:
+        if args.cohort_size is not None:
+            spec = SamplingSpec("fixed", num_clients, cohort_size=args.cohort_size)
+        else:
+            spec = SamplingSpec(
+                "poisson", num_clients, rate=args.sampling_rate, max_cohort=args.max_cohort
+            )
+        accountant = args.accountant or spec.default_accountant()
+        spec.check_accountant(accountant)
+        if args.epsilon is not None:
+            z = calibrate_noise_multiplier(args.epsilon, delta, spec, args.rounds, accountant)
+        else:
+            z = args.noise_multiplier
+        eps = compute_epsilon(z, spec, args.rounds, delta, accountant)
+    except (CalibrationError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    if spec.mode == "fixed":  # the warning runs give (engine.simulate), as one line
+        print(
+            "dpfl: warning: sampling.mode=fixed is accounted under replace-one adjacency with "
+            f"sensitivity 2C; its epsilon ({eps:.3g}) is far looser than Poisson sampling's",
+            file=sys.stderr,
+        )
+    out = {
+        "noise_multiplier": z,
+        "epsilon": eps,
+        "delta": delta,
+        "sampling_rate": spec.effective_rate,
+        "rounds": args.rounds,
+        "sampling": spec.name,
+        "adjacency": spec.adjacency,
+        "accountant": accountant,
+    }
+    if args.json:
+        print(json.dumps(out))
+    elif args.epsilon is not None:
+        bound = f"epsilon={eps:.6g} <= {args.epsilon:g}"
+        print(f"noise_multiplier={z:.6g} ({bound} at delta={delta:.3g})")
+    else:
+        print(f"epsilon={eps:.6g} at delta={delta:.3g}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from engine import compare as cmp
+
+    config = _load(args)
+    names = cmp.parse_algorithms(args.algorithms)
+    seeds = _seeds(args.seeds)
+    out = Path(args.out) if args.out else _default_out("compare")
+    if args.out:
+        _check_out(out, "--out", args.overwrite)
+    elif args.overwrite:
+        raise ConfigError("--overwrite: give the folder to replace with --out DIR")
+    cmp.validate(cmp.plan(config, names, out, seeds))  # before any folder exists
+    out = _claim_out(out, args.overwrite, default=not args.out)
+    configs = cmp.plan(config, names, out, seeds)  # (a default name may have a suffix)
+    with _quiet_ray(out, args.verbose, config.ray.executor == "ray"):
+        rows = cmp.run(configs, out, progress=not args.quiet)
+    print(cmp.format_table(cmp.summarize(rows)))
+    print(f"results: {out}")
+    return 0
+
+
 def _tune(args: argparse.Namespace) -> int:
     from engine.compare import parse_algorithms
+
+    algorithms = parse_algorithms(args.algorithms)
+    epsilons = _floats(args.epsilons, "--epsilons")
+    if args.search in ("optuna", "hyperopt") and importlib.util.find_spec(args.search) is None:
+        raise ConfigError(
+            f"--search={args.search}: the {args.search} package is not installed "
+            f"(pip install {args.search}), or use --search random"
+        )
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the experiment, --overwrite replaces it: give one")
+    if args.resume and not args.out:
+        raise ConfigError("--resume: give the experiment to continue with --out DIR")
+    out = Path(args.out) if args.out else _default_out("tune")
+    if args.resume:
+        if not (out / "tune").is_dir():
+            raise ConfigError(f"--out={str(out)!r}: no dpfl tune experiment there to --resume")
+    elif args.out:
+        _check_out(out, "--out", args.overwrite, "--resume")
+    elif args.overwrite:
+        raise ConfigError("--overwrite: give the folder to replace with --out DIR")
+    # --overwrite: the old folder is set aside, and restored if the new experiment
+    # fails its checks before creating anything.
+    aside = None
+    if args.overwrite and out.exists():
+        aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+        out.rename(aside)
     from tuning.experiment import run_tune
 
-    trials = run_tune(
-        args.config,
-        parse_algorithms(args.algorithms),
-        _floats(args.epsilons, "--epsilons"),
-        num_samples=args.num_samples,
-        search=args.search,
-        scheduler=args.scheduler,
-        metric=args.metric,
-        out=args.out,
-        resume=args.resume,
-        smoke_test=args.smoke_test,
-        overrides=args.set,
-    )
+    try:
+        with _quiet_ray(out, args.verbose):
+            try:
+                trials = run_tune(
+                    args.config,
+                    algorithms,
+                    epsilons,
+                    num_samples=args.num_samples,
+                    search=args.search,
+                    scheduler=args.scheduler,
+                    metric=args.metric,
+                    out=out,
+                    resume=args.resume,
+                    smoke_test=args.smoke_test,
+                    overrides=args.set,
+                )
+            finally:
+                _shutdown_ray()
+    except BaseException:
+        if aside is not None and not out.exists():
+            aside.rename(out)
+            aside = None
+        raise
+    finally:
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     cols = [c for c in trials.columns if c.startswith(("final_", "best_"))]
     print(trials[["algorithm", "epsilon_budget", "trial_id", "status", *cols]].to_string())
     print(
-        f"results: {args.out} (each trial's epsilon excludes hyperparameter selection; "
-        f"dpfl report {args.out} gives the cost of releasing the best trial)"
+        f"results: {out} (each trial's epsilon excludes hyperparameter selection; "
+        f"dpfl report {out} gives the cost of releasing the best trial)"
     )
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        raise ConfigError(f"DIR={args.dir!r}: no such folder")
+    if not (directory / "trials.parquet").is_file() or not (directory / "rounds").is_dir():
+        what = (
+            " (a dpfl compare folder: its table is compare.parquet)"
+            if (directory / "compare.parquet").is_file()
+            else ""
+        )
+        raise ConfigError(
+            f"DIR={args.dir!r}: no trials.parquet and rounds/ there{what}; "
+            "dpfl report reads the folder of a finished dpfl tune"
+        )
+    columns = pd.read_parquet(directory / "trials.parquet").columns
+    have = sorted(c[len("final_") :] for c in columns if c.startswith("final_"))
+    if f"final_{args.metric}" not in columns:
+        raise ConfigError(
+            f"--metric={args.metric!r}: the trials in {args.dir} were tuned for "
+            f"{', '.join(have) or 'no metric'}"
+        )
     from tuning.report import write_report
 
-    print(write_report(args.dir, metric=args.metric))
+    print(write_report(directory, metric=args.metric))
     return 0
 
 
@@ -186,63 +562,159 @@ def _algorithms(_: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    from engine.config_doc import commented_yaml
+
+    config = load_config(args.config, args.set) if (args.config or args.set) else None
+    sys.stdout.write(commented_yaml(config))
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="YAML file (a diff over the defaults)")
+    p.add_argument(
+        "--set",
+        "-s",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable), e.g. --set rounds=100; keys: dpfl config",
+    )
+
+
+def _add_console_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help=f"show Ray's console output (default: kept in {RAY_LOG} in the results folder)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from engine.config_doc import keys_epilog
+
+    p = _Parser(
         prog="dpfl", description="Federated learning with client-level differential privacy"
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run one simulation")
-    run.add_argument("--config", "-c", help="YAML file (a diff over the defaults)")
+    run = sub.add_parser(
+        "run",
+        help="run one simulation (or one per seed)",
+        epilog=keys_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_args(run)
     run.add_argument(
-        "--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a key"
+        "--out",
+        metavar="DIR",
+        help="results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)",
+    )
+    run.add_argument(
+        "--seeds",
+        metavar="S1,S2,...",
+        help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
     )
     run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
     run.add_argument(
         "--resume", metavar="DIR", help="continue an interrupted run from its results folder"
     )
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
+    _add_console_args(run)
     run.set_defaults(func=_run)
 
-    pr = sub.add_parser("privacy", help="noise multiplier for a budget, or epsilon for a noise")
-    pr.add_argument("--epsilon", type=float)
-    pr.add_argument("--noise-multiplier", type=float)
-    pr.add_argument("--delta", type=float, required=True)
-    pr.add_argument("--sampling-rate", type=float, default=None)
-    pr.add_argument("--rounds", type=int, required=True)
-    pr.add_argument("--accountant", choices=["rdp", "pld"])
-    pr.add_argument("--num-clients", type=int, help="population N (needed for fixed/capped)")
-    pr.add_argument("--cohort-size", type=int, help="fixed-size sampling of this many clients")
+    pr = sub.add_parser(
+        "privacy",
+        help="noise multiplier for a budget, or epsilon for a noise",
+        description="Client-level DP accounting without running anything: give --epsilon "
+        "to calibrate the noise multiplier, or --noise-multiplier to get epsilon.",
+    )
+    pr.add_argument("--epsilon", type=float, help="target epsilon: print the noise multiplier")
+    pr.add_argument(
+        "--noise-multiplier", type=float, help="noise multiplier sigma: print its epsilon"
+    )
+    pr.add_argument(
+        "--delta",
+        type=float,
+        help="delta in (0, 1) (default, as in runs: N^-1.1, N = --num-clients or 1000)",
+    )
+    pr.add_argument(
+        "--sampling-rate", type=float, default=None, help="Poisson sampling probability q"
+    )
+    pr.add_argument("--rounds", type=int, required=True, help="number of rounds T")
+    pr.add_argument(
+        "--accountant",
+        choices=["rdp", "pld"],
+        help="default rdp; pld with --max-cohort (truncated Poisson)",
+    )
+    pr.add_argument(
+        "--num-clients", type=int, help="population N (needed for --cohort-size, --max-cohort)"
+    )
+    pr.add_argument(
+        "--cohort-size",
+        type=int,
+        help="fixed-size sampling of this many clients (replace-one; looser epsilon)",
+    )
     pr.add_argument("--max-cohort", type=int, help="cap on the Poisson cohort (PLD)")
-    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.set_defaults(func=_privacy)
 
     cmp_ = sub.add_parser("compare", help="run several algorithms at one budget; one table")
     cmp_.add_argument("--algorithms", "-a", default="all", help="all, or a,b,c")
-    cmp_.add_argument("--config", "-c", help="YAML file (a diff over the defaults)")
-    cmp_.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE")
-    cmp_.add_argument("--out", help="folder (default results/compare-<timestamp>)")
-    cmp_.add_argument("--executor", choices=["ray", "local"])
-    cmp_.add_argument("--quiet", "-q", action="store_true")
+    _add_config_args(cmp_)
+    cmp_.add_argument("--out", metavar="DIR", help="folder (default results/<timestamp>-compare)")
+    cmp_.add_argument(
+        "--seeds",
+        metavar="S1,S2,...",
+        help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
+        "the table shows mean ± std over seeds",
+    )
+    cmp_.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    cmp_.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
+    _add_console_args(cmp_)
     cmp_.set_defaults(func=_compare)
 
     tu = sub.add_parser("tune", help="hyperparameter search at fixed budgets (Ray Tune)")
-    tu.add_argument("--config", "-c", help="YAML: config diff plus an optional tune: section")
+    tu.add_argument(
+        "--config", "-c", metavar="FILE", help="YAML: config diff plus an optional tune: section"
+    )
     tu.add_argument("--algorithms", "-a", default="dp_fedavg", help="all, or a,b,c")
     tu.add_argument("--epsilons", default="4", help="comma-separated budgets, e.g. 1,4,8")
     tu.add_argument("--num-samples", type=int, default=4, help="trials per (algorithm, eps)")
     tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
     tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
-    tu.add_argument("--metric", default="test_accuracy")
-    tu.add_argument("--out", default="results/tune", help="experiment folder")
-    tu.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    tu.add_argument("--metric", choices=TUNE_METRICS, default="test_accuracy")
+    tu.add_argument(
+        "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
+    )
+    tu.add_argument("--resume", action="store_true", help="continue the experiment in --out")
+    tu.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
     tu.add_argument("--smoke-test", action="store_true", help="2 rounds, small data")
-    tu.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE")
+    tu.add_argument(
+        "--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a key"
+    )
+    tu.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help=f"show Ray's console output (default: kept in {RAY_LOG} in the results folder)",
+    )
     tu.set_defaults(func=_tune)
 
     rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
-    rp.add_argument("dir", help="a dpfl tune output folder")
-    rp.add_argument("--metric", default="test_accuracy")
+    rp.add_argument("dir", metavar="DIR", help="a dpfl tune output folder")
+    rp.add_argument("--metric", default="test_accuracy", help="a metric the trials were tuned for")
     rp.set_defaults(func=_report)
 
     sb = sub.add_parser(
@@ -273,21 +745,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     al = sub.add_parser("algorithms", help="list the algorithms")
     al.set_defaults(func=_algorithms)
+
+    cf = sub.add_parser(
+        "config",
+        help="print the configuration as YAML, one comment per key",
+        description="Print the default configuration (or the one --config/--set give) as "
+        "YAML with one comment per key; save it, edit it, pass it back with --config.",
+    )
+    _add_config_args(cf)
+    cf.set_defaults(func=_config)
     return p
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """dpfl's own warnings as one line; others in Python's usual form."""
+    root = str(Path(__file__).resolve().parents[1])
+    if str(filename).startswith(root):
+        return f"dpfl: warning: {message}\n"
+    return warnings._formatwarning_orig(message, category, filename, lineno, line)  # type: ignore[attr-defined]
+
+
+def _yaml_error(e: Exception, args: argparse.Namespace) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    source = getattr(args, "config", None)
+    return f"--config={source!r}: invalid YAML at{where}: {problem}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import yaml
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "privacy" and args.cohort_size is None and args.sampling_rate is None:
-        parser.error("--sampling-rate is required (or --cohort-size with --num-clients)")
+    if not hasattr(warnings, "_formatwarning_orig"):
+        warnings._formatwarning_orig = warnings.formatwarning  # type: ignore[attr-defined]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
-            return int(args.func(args))
+            warnings.formatwarning = _format_warning
+            try:
+                return int(args.func(args))
+            finally:
+                warnings.formatwarning = warnings._formatwarning_orig  # type: ignore[attr-defined]
     except ConfigError as e:
         print(f"dpfl: error: {e}", file=sys.stderr)
+        return 2
+    except yaml.YAMLError as e:
+        print(f"dpfl: error: {_yaml_error(e, args)}", file=sys.stderr)
         return 2
 
 

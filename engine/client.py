@@ -57,6 +57,7 @@ class LocalSpec:
     memory_format: str = "contiguous"  # model.memory_format: auto | contiguous | channels_last
     device: str = "cpu"  # ray.worker_device: auto | cpu | cuda (see resolve_worker_device)
     gpu_share: float = 0.0  # this worker's Ray GPU fraction (sizes vectorised groups)
+    secure: bool = False  # release mode: client-side noise from the OS CSPRNG
 
 
 @dataclass
@@ -607,14 +608,26 @@ class ClientWorker:
         client_noise = priv is not None and priv.site == "client"
         support = self.noise_support(ctx) if client_noise else None  # public, per round
         clients = np.asarray(clients, dtype=np.int64)
+        # C_t: the round's public clip norm under adaptive clipping, else the fixed C.
+        clip = float((public or {}).get("clip_norm", self.spec.clip_norm))
+        # z_Δ under adaptive clipping (the count takes the rest of the accounted z), else z.
+        z_noise = float(
+            (public or {}).get(
+                "update_noise_multiplier", priv.noise_multiplier if priv is not None else 0.0
+            )
+        )
         for c, delta, loss_sum, steps in self._trained_clients(global_flat, rnd, clients, ctx):
-            res = clip_update(delta, self.spec.clip_norm)
+            res = clip_update(delta, clip)
             out.max_clipped_norm = max(out.max_clipped_norm, res.out_norm)
             if client_noise:
-                std = priv.noise_multiplier * priv.clip_norm / math.sqrt(self.spec.denominator)
-                noise = gaussian_noise(  # drawn on the CPU: the same on every device
-                    delta.numel(), std, rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
-                ).to(self.device)
+                std = z_noise * clip / math.sqrt(self.spec.denominator)
+                source = (
+                    rngs.SecureRandom()
+                    if self.spec.secure
+                    else rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, int(c) + 1)
+                )
+                # drawn on the CPU: the same on every device
+                noise = gaussian_noise(delta.numel(), std, source).to(self.device)
                 total += res.update.double() + noise * support
             else:
                 total.add_(res.update)  # promoted to float64 element-wise, no copy

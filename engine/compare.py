@@ -16,6 +16,8 @@ import pandas as pd
 from algorithms import RECIPES
 from engine.config import ConfigError, RunConfig, replace
 
+AUDIT_COLUMNS = ("audit_epsilon_estimate_nonprivate", "audit_epsilon_lower_nonprivate")
+
 
 def parse_algorithms(spec: str) -> list[str]:
     if spec.strip() == "all":
@@ -27,28 +29,54 @@ def parse_algorithms(spec: str) -> list[str]:
     return names
 
 
-def compare(config: RunConfig, algorithms: list[str], out: Path, progress: bool = True):
-    """Run each algorithm; return the summary DataFrame sorted by final accuracy."""
-    from engine.simulate import prepare, simulate
+def plan(
+    config: RunConfig, algorithms: list[str], out: Path, seeds: list[int] | None = None
+) -> list[RunConfig]:
+    """One config per (seed, algorithm). Without ``seeds``: runs under
+    ``out/<algorithm>/`` at ``config.seed``; with seeds: ``out/seed<k>/<algorithm>/``."""
+    if seeds:
+        return [
+            replace(config, algorithm=a, seed=s, out=str(Path(out) / f"seed{s}" / a))
+            for s in seeds
+            for a in algorithms
+        ]
+    return [replace(config, algorithm=a, out=str(Path(out) / a)) for a in algorithms]
 
-    configs = [replace(config, algorithm=a, out=str(out / a)) for a in algorithms]
-    for c in configs:  # validate every run before any work starts
-        prepare(c)
+
+def validate(configs: list[RunConfig]) -> None:
+    """Every check that needs no training (data files, model, budget), for every
+    algorithm, before any folder is created or any work starts. The seed changes no
+    check, so each algorithm is checked once."""
+    from engine.simulate import prepare
+
+    seen: set[str] = set()
+    for c in configs:
+        if c.algorithm not in seen:
+            seen.add(c.algorithm)
+            prepare(c)
+
+
+def run(configs: list[RunConfig], out: Path, progress: bool = True) -> pd.DataFrame:
+    """Run every planned config; one row per run (with its seed) in ``out/compare.parquet``,
+    rewritten after each run."""
+    from engine.simulate import simulate
+
     owns_ray = False
-    if config.ray.executor == "ray":  # one Ray for all runs, not one start per method
+    if configs[0].ray.executor == "ray":  # one Ray for all runs, not one start per method
         from engine.executors import ensure_ray
 
-        owns_ray = ensure_ray(config.ray)
+        owns_ray = ensure_ray(configs[0].ray)
     rows = []
     try:
         for i, c in enumerate(configs, 1):
             if progress:
-                print(f"[{i}/{len(configs)}] {c.algorithm}", flush=True)
+                print(f"[{i}/{len(configs)}] {c.algorithm} seed={c.seed}", flush=True)
             t0 = time.perf_counter()
             res = simulate(c, progress=progress)
             acc = res.rounds["test_accuracy"].dropna()
             row = {
                 "algorithm": c.algorithm,
+                "seed": c.seed,
                 "private": RECIPES[c.algorithm].private,
                 "epsilon": res.final_epsilon,
                 "noise_multiplier": res.privacy["noise_multiplier"],
@@ -59,18 +87,54 @@ def compare(config: RunConfig, algorithms: list[str], out: Path, progress: bool 
             if "personal_accuracy" in res.rounds:
                 pa = res.rounds["personal_accuracy"].dropna()
                 row["personal_accuracy"] = float(pa.iloc[-1]) if len(pa) else math.nan
+            for col in AUDIT_COLUMNS:  # the canary audit's diagnostics, beside ε
+                if col in res.rounds:
+                    row[col] = float(res.rounds[col].iloc[-1])
             rows.append(row)
-            summary = pd.DataFrame(rows)
-            summary.to_parquet(out / "compare.parquet", index=False)
+            pd.DataFrame(rows).to_parquet(out / "compare.parquet", index=False)
     finally:
         if owns_ray:
             import ray
 
             ray.shutdown()
-    return summary.sort_values("final_accuracy", ascending=False, ignore_index=True)
+    return pd.DataFrame(rows)
+
+
+def compare(
+    config: RunConfig,
+    algorithms: list[str],
+    out: Path,
+    progress: bool = True,
+    seeds: list[int] | None = None,
+) -> pd.DataFrame:
+    """Run each algorithm (for each seed); return :func:`summarize` of the runs."""
+    configs = plan(config, algorithms, out, seeds)
+    validate(configs)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return summarize(run(configs, Path(out), progress))
+
+
+METRICS = ("final_accuracy", "best_accuracy", "personal_accuracy")
+
+
+def summarize(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per algorithm, best mean final accuracy first: every column's mean over
+    seeds, ``<metric>_std`` (sample standard deviation; NaN for one seed) for the
+    accuracies, and ``seeds``, the number of runs."""
+    numeric = [c for c in rows.columns if c not in ("algorithm", "private", "seed")]
+    grouped = rows.groupby("algorithm", sort=False)
+    table = grouped[numeric].mean()
+    for m in METRICS:
+        if m in rows:
+            table[f"{m}_std"] = grouped[m].std(ddof=1)
+    table["private"] = grouped["private"].first()
+    table["seeds"] = grouped.size()
+    table = table.reset_index()
+    return table.sort_values("final_accuracy", ascending=False, ignore_index=True)
 
 
 def format_table(summary: pd.DataFrame) -> str:
+    """The printed table; accuracies as ``mean ± std`` when there are several seeds."""
     cols = [
         "algorithm",
         "private",
@@ -79,7 +143,21 @@ def format_table(summary: pd.DataFrame) -> str:
         "final_accuracy",
         "best_accuracy",
         "personal_accuracy",
+        *AUDIT_COLUMNS,
         "wall_time_s",
     ]
     cols = [c for c in cols if c in summary]
-    return summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    shown = summary[cols].copy()
+    several = "seeds" in summary and int(summary["seeds"].max()) > 1
+    if several:
+        for m in METRICS:
+            if m in shown:
+                shown[m] = [
+                    f"{mu:.4g} ± {sd:.2g}" if not math.isnan(mu) else "nan"
+                    for mu, sd in zip(summary[m], summary[f"{m}_std"], strict=True)
+                ]
+        shown["seeds"] = summary["seeds"]
+    text = shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    if several:
+        text += "\n(accuracies: mean ± sample std over seeds; other columns: mean)"
+    return text

@@ -151,9 +151,14 @@ class SamplingConfig:
 class EvalConfig:
     every: int = 5
     membership_inference: bool = False
+    # Empirical privacy audit (engine.audit): K canary clients (0 = off), and whether
+    # the statistic is the max over every round's update instead of the final model.
+    audit_canaries: int = 0
+    audit_every_round: bool = False
 
     def __post_init__(self) -> None:
         _check(self.every >= 1, "eval.every", self.every, "must be >= 1")
+        _check(self.audit_canaries >= 0, "eval.audit_canaries", self.audit_canaries, "must be >= 0")
 
 
 DEFAULT_EPSILON = 4.0
@@ -163,15 +168,46 @@ DEFAULT_EPSILON = 4.0
 class PrivacyConfig:
     """Client-level DP. Give at most one of ``epsilon`` and ``noise_multiplier``; with
     neither, ``epsilon`` defaults to ``DEFAULT_EPSILON``. ``delta`` defaults to
-    ``num_clients ** -1.1`` (resolved in :mod:`engine.simulate`)."""
+    ``min(N^-1.1, 0.01/N)`` (``engine.privacy.accounting.default_delta``).
+    ``secure_noise``: release mode (see :mod:`engine.rng`)."""
 
     epsilon: float | None = None
     delta: float | None = None
     noise_multiplier: float | None = None
     clip_norm: float = 1.0
     accountant: str | None = None
+    secure_noise: bool = False  # release mode: cohorts and noise from the OS CSPRNG
+    # Adaptive (quantile) clipping (engine.privacy.adaptive_clip); clip_norm is C_0.
+    clip_mode: str = "fixed"
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    clip_count_stddev: float | None = None  # None: expected cohort size / 20
 
     def __post_init__(self) -> None:
+        _check(
+            self.clip_mode in ("fixed", "adaptive"),
+            "privacy.clip_mode",
+            self.clip_mode,
+            "must be fixed or adaptive",
+        )
+        _check(
+            0 < self.target_quantile < 1,
+            "privacy.target_quantile",
+            self.target_quantile,
+            "must be in (0, 1)",
+        )
+        _check(
+            self.clip_lr > 0 and math.isfinite(self.clip_lr),
+            "privacy.clip_lr",
+            self.clip_lr,
+            "must be finite and > 0",
+        )
+        _check(
+            self.clip_count_stddev is None or self.clip_count_stddev >= 0,
+            "privacy.clip_count_stddev",
+            self.clip_count_stddev,
+            "must be >= 0",
+        )
         if self.epsilon is None and self.noise_multiplier is None:
             object.__setattr__(self, "epsilon", DEFAULT_EPSILON)
         if self.epsilon is not None:

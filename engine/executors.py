@@ -61,7 +61,10 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    kwargs: dict = {"log_to_driver": True, "configure_logging": False}
+    # The CLI sets DPFL_RAY_LOG_TO_DRIVER=0 unless --verbose: workers' output then stays
+    # in Ray's session logs instead of the console.
+    log_to_driver = os.environ.get("DPFL_RAY_LOG_TO_DRIVER", "1") != "0"
+    kwargs: dict = {"log_to_driver": log_to_driver, "configure_logging": False}
     # Inside a Ray job (dpfl submit) Ray sets RAY_ADDRESS: attach, never start a new one.
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
     if address:

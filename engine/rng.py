@@ -4,12 +4,33 @@ Every random choice in a simulation draws from a generator keyed by what it is f
 so results do not depend on which worker trained which client, in which order, or
 how many workers there are. ``numpy.random.SeedSequence`` mixes the key into
 independent, well-separated seeds.
+
+Two modes (``privacy.secure_noise``), recorded as ``randomness`` in every row and in
+``config.json``:
+
+* ``seeded-simulation`` (default): the cohort and the noise also come from the seeded
+  streams, so a run is reproducible, and anyone holding the seed (it is written to
+  ``config.json``) can regenerate the noise and subtract it from a released model. The
+  reported ε then describes a deployment that runs the same mechanism with fresh
+  secret randomness, not the simulation's own outputs.
+* ``secure`` (release mode): the cohort and the Gaussian noise come from
+  :class:`SecureRandom`, the operating system's CSPRNG, with no seed and no state
+  kept or written; two runs with the same seed differ. The seed still drives what
+  is public or inside a client's own computation (data generation and partition,
+  model initialisation, minibatch order, the public rand-k masks), which the DP
+  argument does not need to be secret.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+
 import numpy as np
 import torch
+
+SEEDED_SIMULATION = "seeded-simulation"
+SECURE = "secure"
 
 # Stream ids: one per kind of randomness.
 SAMPLING = 1  # which clients join a round (server)
@@ -19,6 +40,8 @@ MODEL_INIT = 4  # initial global model
 DATA = 5  # dataset generation and partitioning
 CLIENT_MASK = 6  # reserved: per-client randomness of transforms
 SERVER_PUBLIC = 7  # reserved: public per-round randomness (e.g. rand-k masks)
+CLIP_COUNT = 8  # noise of adaptive clipping's released count (server)
+AUDIT = 9  # canary directions and canary participation (engine.audit)
 
 
 def derive_seed(seed: int, *key: int) -> int:
@@ -35,3 +58,50 @@ def torch_gen(seed: int, *key: int, device: str | torch.device = "cpu") -> torch
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, *key))
     return g
+
+
+def randomness_mode(secure: bool) -> str:
+    """The ``randomness`` label of a run: ``secure`` or ``seeded-simulation``."""
+    return SECURE if secure else SEEDED_SIMULATION
+
+
+class SecureRandom:
+    """Draws from the OS CSPRNG (``os.urandom``: Linux ``getrandom(2)``), nothing else.
+
+    It holds no seed or state, so nothing a run writes can regenerate its draws.
+    Uniforms are 53-bit: u = (k + ½)·2⁻⁵³ with k uniform on [0, 2⁵³), in (0, 1).
+    Gaussians use Box–Muller on such uniforms in float64.
+
+    Limits, stated plainly: this is a floating-point Gaussian, and floating-point
+    samplers of continuous distributions are known to leak through the fine
+    structure of the values they can and cannot produce (Mironov, CCS 2012, for the
+    Laplace mechanism; the same applies to Box–Muller here and to the float32 sum the
+    noise is added to). A deployment that must resist such attacks needs a discrete
+    Gaussian (Canonne, Kamath, Steinke 2020) with discrete-aware accounting, which
+    dpfl does not implement. What this class does guarantee is that the noise and the
+    cohort cannot be regenerated from anything recorded (unlike the seeded mode).
+    """
+
+    @staticmethod
+    def _words(n: int) -> np.ndarray:
+        return np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+
+    def uniform(self, n: int) -> np.ndarray:
+        """``n`` uniforms in (0, 1), float64."""
+        k = self._words(n) >> np.uint64(11)
+        return (k.astype(np.float64) + 0.5) * 2.0**-53
+
+    def standard_normal(self, n: int) -> np.ndarray:
+        """``n`` i.i.d. N(0, 1) draws, float64 (Box–Muller)."""
+        half = (n + 1) // 2
+        u = self.uniform(2 * half)
+        radius = np.sqrt(-2.0 * np.log(u[:half]))
+        angle = 2.0 * np.pi * u[half:]
+        return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
+
+    def sample(self, population: np.ndarray | int, k: int) -> np.ndarray:
+        """``k`` distinct items of ``population`` (or of ``range(population)``) chosen
+        uniformly without replacement (``secrets.SystemRandom``), sorted."""
+        items = np.arange(population) if isinstance(population, (int, np.integer)) else population
+        picked = secrets.SystemRandom().sample(range(len(items)), k)
+        return np.sort(np.asarray(items)[np.asarray(picked, dtype=np.int64)]).astype(np.int64)

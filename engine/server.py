@@ -9,6 +9,9 @@ Privacy (ALGORITHMS.md §0–1), for DP-FedAvg:
 * The server receives only sums of clipped updates (sensitivity C per client), adds
   N(0, (zC)² I) once from the round's noise stream, divides by the public
   denominator (q·N or m), multiplies by the server learning rate and updates x.
+* ``secure`` (``privacy.secure_noise``, release mode): the cohort and the noise come
+  from the OS CSPRNG (:class:`engine.rng.SecureRandom`) instead of the seeded
+  streams, so nothing recorded regenerates them (see :mod:`engine.rng`).
 * The accountant composes exactly one event per completed round; the ε recorded for
   round t is the cumulative ε after t rounds, computed by dp-accounting.
 
@@ -61,12 +64,26 @@ class ServerSpec:
     lr_decay: float = 1.0
     steps: int | None = None  # public K (PGN)
     membership_inference: bool = False
+    secure: bool = False  # release mode: cohorts and noise from the OS CSPRNG
+    adaptive: Any = None  # engine.privacy.adaptive_clip.AdaptiveClipSpec (clip_mode=adaptive)
+    audit: Any = None  # engine.audit.AuditSpec (eval.audit_canaries > 0)
 
 
-def sample_cohort(spec: SamplingSpec, seed: int, rnd: int) -> np.ndarray:
-    """The sorted client ids of round ``rnd`` (from the round's own sampling stream)."""
-    g = rngs.numpy_rng(seed, rngs.SAMPLING, rnd)
+def sample_cohort(spec: SamplingSpec, seed: int, rnd: int, secure: bool = False) -> np.ndarray:
+    """The sorted client ids of round ``rnd``: from the round's own sampling stream, or
+    with ``secure`` from the OS CSPRNG (release mode; ``seed`` unused, nothing kept)."""
     n = spec.num_clients
+    if secure:
+        src = rngs.SecureRandom()
+        if spec.mode == "fixed":
+            assert spec.cohort_size is not None
+            return src.sample(n, spec.cohort_size)
+        assert spec.rate is not None
+        cohort = np.flatnonzero(src.uniform(n) < spec.rate).astype(np.int64)
+        if spec.max_cohort is not None and len(cohort) > spec.max_cohort:
+            cohort = src.sample(cohort, spec.max_cohort)
+        return cohort
+    g = rngs.numpy_rng(seed, rngs.SAMPLING, rnd)
     if spec.mode == "fixed":
         assert spec.cohort_size is not None
         return np.sort(g.choice(n, spec.cohort_size, replace=False)).astype(np.int64)
@@ -103,6 +120,13 @@ class Server:
             else None
         )
         self.rounds_done = 0
+        # The round's clip norm C_t: fixed, or adaptive (public, from released counts).
+        self.clip_norm = spec.adaptive.initial_clip if spec.adaptive else spec.clip_norm
+        self.audit = None
+        if spec.audit is not None:
+            from engine.audit import CanaryAudit
+
+            self.audit = CanaryAudit(spec.audit, self.weights)
 
     def dim(self) -> int:
         return int(self.weights.numel())
@@ -114,6 +138,8 @@ class Server:
             "weights": self.weights.numpy().copy(),
             "g_tilde": None if self.g_tilde is None else self.g_tilde.numpy().copy(),
             "rounds_done": self.rounds_done,
+            "clip_norm": self.clip_norm,
+            "audit": None if self.audit is None else self.audit.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -121,6 +147,9 @@ class Server:
         g = state.get("g_tilde")
         self.g_tilde = None if g is None else torch.from_numpy(np.array(g, dtype=np.float32))
         self.rounds_done = int(state["rounds_done"])
+        self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        if self.audit is not None and state.get("audit") is not None:
+            self.audit.load_state_dict(state["audit"])
 
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
@@ -130,7 +159,12 @@ class Server:
         if rnd != self.rounds_done:
             raise RuntimeError(f"round {rnd} requested but {self.rounds_done} rounds are done")
         public = {"g_tilde": None if self.g_tilde is None else self.g_tilde.numpy()}
-        return sample_cohort(self.spec.sampling, self.spec.seed, rnd), self.weights.numpy(), public
+        cohort = sample_cohort(self.spec.sampling, self.spec.seed, rnd, self.spec.secure)
+        if self.spec.adaptive is not None:
+            public["clip_norm"] = self.clip_norm  # C_t: clients clip (and count) with it
+            # z_Δ: the update's share of the accounted z (client-site noise uses it too)
+            public["update_noise_multiplier"] = self.spec.adaptive.update_noise_multiplier
+        return cohort, self.weights.numpy(), public
 
     def noise_support(self, rnd: int) -> torch.Tensor | None:
         """Where server noise goes: every released coordinate (not personal heads), or
@@ -153,17 +187,26 @@ class Server:
         over the workers) and fills ``test_accuracy``/``test_loss``.
         """
         spec, pipe = self.spec, self.pipeline
+        before = self.weights
         total = reduce_partials(list(partials), self.dim())
         summed = torch.from_numpy(total.update_sum)
         priv = pipe.privatizer
+        clip_t = self.clip_norm  # C_t bounded this round's sensitivity; size noise with it
+        z_update = spec.adaptive.update_noise_multiplier if spec.adaptive else spec.noise_multiplier
+        if self.audit is not None:  # canary clients' clipped updates join the sum
+            summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
         if priv is not None:
             server_noise = priv.site == "server"
             avg = privatize_sum(
                 summed,
-                noise_multiplier=spec.noise_multiplier if server_noise else 0.0,
-                clip_norm=spec.clip_norm,
+                noise_multiplier=z_update if server_noise else 0.0,
+                clip_norm=clip_t,
                 denominator=spec.sampling.denominator,
-                generator=rngs.torch_gen(spec.seed, rngs.NOISE, rnd),
+                generator=(
+                    rngs.SecureRandom()
+                    if spec.secure
+                    else rngs.torch_gen(spec.seed, rngs.NOISE, rnd)
+                ),
                 support=self.noise_support(rnd),
             )
         else:
@@ -183,6 +226,11 @@ class Server:
             self.weights = self.weights + (spec.server_lr * avg).to(torch.float32)
         self.rounds_done = rnd + 1
         n = total.num_clients
+        extra: dict = {}
+        if spec.adaptive is not None:
+            extra = self._adapt_clip_norm(rnd, total)
+        if self.audit is not None:
+            extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
         row: dict = {
             "round": rnd + 1,
             "cohort_size": spec.sampling.denominator,
@@ -195,6 +243,7 @@ class Server:
                 total.loss_sum / total.num_steps if total.num_steps else math.nan
             ),
             "max_clipped_norm_nonprivate": total.max_clipped_norm,
+            **extra,
         }
         acc, loss, mia = math.nan, math.nan, math.nan
         if self.is_eval_round(rnd):
@@ -207,6 +256,30 @@ class Server:
         if spec.membership_inference:
             row["mia_auc"] = mia
         return row
+
+    def _adapt_clip_norm(self, rnd: int, total: PartialSum) -> dict:
+        """Release the centred count of round ``rnd`` (clipped with C_t) and move to C_{t+1}.
+
+        Only real clients report b_i (canaries do not). The row's ``clip_norm`` is the
+        C_t used in this round; both it and b̃ are public (derived from releases)."""
+        from engine.privacy.adaptive_clip import centred_count, next_clip_norm, release_count
+
+        ad = self.spec.adaptive
+        released = release_count(
+            centred_count(total.num_clients, total.num_clipped),
+            ad.count_stddev,
+            (
+                rngs.SecureRandom()
+                if self.spec.secure
+                else rngs.torch_gen(self.spec.seed, rngs.CLIP_COUNT, rnd)
+            ),
+        )
+        used = self.clip_norm
+        self.clip_norm = next_clip_norm(ad, used, released)
+        return {
+            "clip_norm": used,
+            "unclipped_fraction_released": released / ad.expected_cohort + 0.5,
+        }
 
     def is_eval_round(self, rnd: int) -> bool:
         return is_eval_round(rnd, self.spec.eval_every, self.spec.rounds)

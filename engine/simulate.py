@@ -13,6 +13,7 @@ import datetime as _dt
 import math
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from engine.executors import Executor, LocalExecutor, RayExecutor
 from engine.metrics import RunMetrics
 from engine.models import build_model
 from engine.privacy.accounting import (
+    MAX_DELTA_TIMES_N,
     CalibrationError,
     SamplingSpec,
     calibrate_noise_multiplier,
@@ -52,10 +54,12 @@ class PrivacyPlan:
     planned_epsilon: float  # ε after config.rounds rounds at noise_multiplier
     accountant: str
     sampling: SamplingSpec
+    randomness: str = rngs.SEEDED_SIMULATION  # or rngs.SECURE (privacy.secure_noise)
 
     def summary(self) -> dict[str, Any]:
         return {
             "private": self.private,
+            "randomness": self.randomness,
             "noise_multiplier": self.noise_multiplier,
             "clip_norm": self.clip_norm,
             "delta": self.delta,
@@ -84,8 +88,9 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
     """Resolve δ, the accountant and σ↔ε for ``config``; raises ConfigError."""
     spec = sampling_spec(config)
     p = config.privacy
+    mode = rngs.randomness_mode(p.secure_noise)
     if not config.is_private:
-        return PrivacyPlan(False, 0.0, math.inf, 0.0, None, math.inf, "none", spec)
+        return PrivacyPlan(False, 0.0, math.inf, 0.0, None, math.inf, "none", spec, mode)
     delta = p.delta if p.delta is not None else default_delta(config.dataset.num_clients)
     accountant = p.accountant or spec.default_accountant()
     try:
@@ -102,7 +107,7 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
         raise ConfigError(str(e)) from None
     if p.epsilon is not None and eps > p.epsilon:  # pragma: no cover - guarded above
         raise ConfigError(f"privacy.epsilon={p.epsilon}: calibration overshot ({eps})")
-    return PrivacyPlan(True, z, p.clip_norm, delta, p.epsilon, eps, accountant, spec)
+    return PrivacyPlan(True, z, p.clip_norm, delta, p.epsilon, eps, accountant, spec, mode)
 
 
 @dataclass
@@ -112,6 +117,8 @@ class Prepared:
     dataset: FederatedDataset
     pipeline: Any = None
     steps: int | None = None  # public K, when fixed
+    adaptive: Any = None  # AdaptiveClipSpec under privacy.clip_mode=adaptive
+    audit: Any = None  # engine.audit.AuditSpec under eval.audit_canaries > 0
 
 
 def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepared:
@@ -146,7 +153,20 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
         validate_pipeline(pipeline, model)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return Prepared(config, plan, dataset, pipeline, public_steps(config, pipeline, dataset))
+    from engine.audit import audit_spec
+    from engine.privacy.adaptive_clip import adaptive_spec
+
+    try:
+        adaptive = adaptive_spec(config, plan)
+        audit = audit_spec(config, plan, flatten_dim(model))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    steps = public_steps(config, pipeline)
+    return Prepared(config, plan, dataset, pipeline, steps, adaptive, audit)
+
+
+def flatten_dim(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def validate_pipeline(pipeline, model) -> None:
@@ -165,16 +185,22 @@ def validate_pipeline(pipeline, model) -> None:
         personal_mask(model, pipeline.personal.layers)
 
 
-def public_steps(config: RunConfig, pipeline, dataset: FederatedDataset) -> int | None:
+#: K for recipes that need a fixed number of local steps (PGN) when ``local.steps`` is
+#: unset. A public constant: K enters the public drift (1 − β)·K·η·g̃, the step size
+#: γ = η·K and every client's work, so it may not depend on the clients' data (a
+#: median over client sizes changes when one client leaves).
+DEFAULT_FIXED_STEPS = 10
+
+
+def public_steps(config: RunConfig, pipeline) -> int | None:
     """K, the public number of local steps, when every client must run exactly K steps:
-    ``local.steps`` if set; for recipes that need a fixed K (PGN), the steps of
-    ``local.epochs`` passes over a client of median size (a public simulation choice)."""
+    ``local.steps`` if set; for recipes that need a fixed K (PGN), otherwise
+    :data:`DEFAULT_FIXED_STEPS`. A function of the config only, never of the data."""
     if config.local.steps is not None:
         return config.local.steps
     if not pipeline.fixed_steps:
         return None
-    median = float(np.median(dataset.client_sizes())) if dataset.num_clients else 1.0
-    return max(1, config.local.epochs * math.ceil(max(median, 1.0) / config.local.batch_size))
+    return DEFAULT_FIXED_STEPS
 
 
 @dataclass
@@ -197,7 +223,7 @@ class SimulationResult:
 
 
 def default_out_dir(config: RunConfig) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")  # microseconds: no collisions
     return Path("results") / f"{stamp}-{config.algorithm}"
 
 
@@ -217,13 +243,16 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         num_threads=threads,
         algorithm=cfg.algorithm,
         algo=cfg.algo,
-        noise_multiplier=plan.noise_multiplier,
+        noise_multiplier=(
+            prep.adaptive.update_noise_multiplier if prep.adaptive else plan.noise_multiplier
+        ),
         denominator=plan.sampling.denominator,
         steps=prep.steps,
         state_dir=state_dir,
         clients_per_batch=cfg.ray.clients_per_worker_batch,
         memory_format=cfg.model.memory_format,
         device=cfg.ray.worker_device,
+        secure=cfg.privacy.secure_noise,
     )
     server = ServerSpec(
         seed=cfg.seed,
@@ -244,17 +273,38 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         lr_decay=cfg.local.lr_decay,
         steps=prep.steps,
         membership_inference=cfg.eval.membership_inference,
+        secure=cfg.privacy.secure_noise,
+        adaptive=prep.adaptive,
+        audit=prep.audit,
     )
     if cfg.ray.executor == "local":
         return LocalExecutor(prep.dataset, server, local, cfg.ray.num_workers)
     return RayExecutor(prep.dataset, server, local, cfg.ray, run_name=run_name)
 
 
+def privacy_options(prep: Prepared) -> dict[str, Any]:
+    """Columns (and config.json entries) of adaptive clipping and the canary audit."""
+    ad = prep.adaptive
+    out: dict[str, Any] = {
+        "clip_mode": "adaptive" if ad else ("fixed" if prep.plan.private else "none")
+    }
+    if ad is not None:
+        out.update(
+            update_noise_multiplier=ad.update_noise_multiplier,
+            clip_count_stddev=ad.count_stddev,
+            target_quantile=ad.target_quantile,
+            clip_lr=ad.lr,
+        )
+    if prep.audit is not None:
+        out.update(prep.audit.summary())
+    return out
+
+
 CHECKPOINT_FILE = "checkpoint.pkl"
 
 
 def save_checkpoint(out_dir: Path, state: dict) -> None:
-    """Atomically write the executor's round checkpoint (after the round's row)."""
+    """Atomically write the round checkpoint (before the round's row is released)."""
     import os
     import pickle
 
@@ -291,6 +341,7 @@ def simulate(
     dataset: FederatedDataset | None = None,
     resume: dict | None = None,
     on_round: Callable[[dict, Executor], None] | None = None,
+    on_checkpoint: Callable[[dict, dict], None] | None = None,
     run_name: str = "dpfl",
     trial: str = "",
 ) -> SimulationResult:
@@ -299,14 +350,20 @@ def simulate(
     Args:
         config: The run configuration.
         progress: Show a progress bar (round, accuracy, ε spent).
-        write: Write ``config.json``, ``rounds.parquet`` and, after every round,
-            ``checkpoint.pkl`` (model, server and per-client state) under
+        write: Write ``config.json``, ``rounds.parquet`` and, after every round and
+            before its row, ``checkpoint.pkl`` (model, server and per-client state) under
             ``config.out`` (default ``results/<timestamp>-<algorithm>/``); a crashed
             run continues with ``dpfl run --resume DIR`` (:func:`load_run`).
         dataset: Use this dataset instead of building one from ``config.dataset``.
-        resume: An ``Executor.checkpoint()`` to continue from (the rounds it holds are
-            not re-run; results are identical to an uninterrupted run).
-        on_round: Called after every round with the row and the executor.
+        resume: A checkpoint to continue from (the rounds it holds are not re-run;
+            results are identical to an uninterrupted run). A checkpoint written by
+            ``simulate`` also holds its round's row, released here if it was not yet.
+        on_round: Called after every round with the row and the executor: the
+            release of the round (after its checkpoint).
+        on_checkpoint: Called after every round, *before* the round is released, with
+            the checkpoint (``Executor.checkpoint()`` plus ``"row"``) and the row; a
+            caller that persists checkpoints itself (Tune) does it here, so that a
+            released round is never recomputed on resume.
         run_name: Prefix of the Ray actor names (unique per concurrent run); also the
             ``run`` tag of the dashboard metrics (:mod:`engine.metrics`).
         trial: The ``trial`` tag of the dashboard metrics (Tune's trial id).
@@ -317,9 +374,15 @@ def simulate(
     writer = RoundWriter(out_dir) if write else None
     if write:
         write_json(out_dir / "config.json", {"config": config.to_dict(), "privacy": plan.summary()})
+    if plan.private and plan.delta * config.dataset.num_clients > MAX_DELTA_TIMES_N:
+        warnings.warn(
+            f"privacy.delta={plan.delta:.3g} with dataset.num_clients="
+            f"{config.dataset.num_clients}: N·delta = {plan.delta * config.dataset.num_clients:.3g}"
+            f" > {MAX_DELTA_TIMES_N}; the guarantee may fail for that many clients in "
+            "expectation (the default delta keeps N·delta <= 0.01)",
+            stacklevel=2,
+        )
     if plan.private and plan.sampling.mode == "fixed":
-        import warnings
-
         warnings.warn(
             "sampling.mode=fixed is accounted under replace-one adjacency with sensitivity 2C; "
             f"its epsilon ({plan.planned_epsilon:.3g}) is far looser than Poisson sampling's",
@@ -330,6 +393,7 @@ def simulate(
         "dataset": config.dataset.name,
         "model": config.model.name,
         "seed": config.seed,
+        "randomness": plan.randomness,
         "delta": plan.delta,
         "noise_multiplier": plan.noise_multiplier,
         "clip_norm": plan.clip_norm,
@@ -341,13 +405,23 @@ def simulate(
         "local_steps": prep.steps if prep.steps is not None else math.nan,
         **resolved_hyperparameters(prep.pipeline),
     }
+    if prep.adaptive is not None:  # each row carries the C_t its round used
+        static.pop("clip_norm")
+    privacy_extra = privacy_options(prep)
+    static.update(privacy_extra)
     rows: list[dict[str, Any]] = []
+    done = int(resume["server"]["rounds_done"]) if resume is not None else 0
     if resume is not None and writer is not None and writer.path.exists():
-        # Rows written after the checkpoint are recomputed (identically) below.
-        done = int(resume["server"]["rounds_done"])
+        # The checkpoint is written before its round's row, so every row on disk is at
+        # or before the checkpoint: no released round is ever computed again.
         previous = pd.read_parquet(writer.path)
         rows = previous[previous["round"] <= done].to_dict("records")
         writer.rows = [dict(r) for r in rows]
+    # A crash between a checkpoint and its row leaves that row unreleased: release the
+    # copy the checkpoint holds (the same values; the round is not recomputed).
+    pending = (resume or {}).get("row")
+    if pending is not None and int(pending["round"]) != done:
+        pending = None
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -363,10 +437,17 @@ def simulate(
     start = 0
     if resume is not None:
         executor.restore(resume)
-        start = int(resume["server"]["rounds_done"])
+        start = done
         if bar is not None:
             bar.update(start)
     try:
+        if pending is not None:
+            if not any(int(r["round"]) == done for r in rows):
+                rows.append(dict(pending))
+                if writer is not None:
+                    writer.append(pending)
+            if on_round is not None:
+                on_round(dict(pending), executor)
         for rnd in range(start, config.rounds):
             t_round = time.perf_counter()
             row = executor.run_round(rnd)
@@ -374,11 +455,19 @@ def simulate(
             row["wall_time_s"] = time.perf_counter() - t0
             if not math.isnan(row["test_accuracy"]):
                 last_acc = row["test_accuracy"]
+            # Checkpoint, then release: a crash after the release resumes from this
+            # round's state, so a released round is never recomputed (with noise that
+            # GPU kernels need not reproduce bit for bit: two releases of one round).
+            if writer is not None or on_checkpoint is not None:
+                state = {**executor.checkpoint(), "row": dict(row)}
+                if writer is not None:
+                    save_checkpoint(out_dir, state)
+                if on_checkpoint is not None:
+                    on_checkpoint(state, row)
             metrics.record({**row, "test_accuracy": last_acc}, time.perf_counter() - t_round)
             rows.append(row)
             if writer is not None:
                 writer.append(row)
-                save_checkpoint(out_dir, executor.checkpoint())
             if on_round is not None:
                 on_round(row, executor)
             if bar is not None:
@@ -390,7 +479,7 @@ def simulate(
         if bar is not None:
             bar.close()
     frame = pd.DataFrame(rows)
-    summary = plan.summary()
+    summary = {**plan.summary(), **privacy_extra}
     summary["final_epsilon"] = (
         float(frame["epsilon"].iloc[-1]) if len(frame) else plan.planned_epsilon
     )

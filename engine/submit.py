@@ -28,7 +28,7 @@ Checks before anything is sent (each fails with exit status 2 and one line namin
 the value): the entrypoint is non-empty and starts with ``dpfl`` or ``python``; a
 ``dpfl`` entrypoint parses with dpfl's own argument parser and its configuration
 (``--config`` file, ``--set`` overrides, ``--algorithms``, ``--epsilons``) is valid;
-its results folder (``--out`` of ``tune`` / ``compare``, ``out`` of ``run``) is an
+its results folder (``--out``, or ``out`` of ``run``) is an
 absolute path — a relative one would land in the job's temporary copy of the
 working dir, which Ray deletes; and the dashboard address answers.
 
@@ -203,7 +203,9 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
         load_config(config_path if local_config else None, ns.set)
     else:
         config = load_config(config_path if local_config else None, ns.set)
-        if local_config:  # a config file only the cluster has may set out itself
+        if ns.out:
+            _require_absolute("--out", ns.out)
+        elif local_config:  # a config file only the cluster has may set out itself
             _require_absolute("--set out", config.out)
     return ns
 

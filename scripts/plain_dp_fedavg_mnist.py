@@ -9,7 +9,7 @@ the project packages (``engine``, ``algorithms``, ``tuning``), the procedure tha
         --set local.lr=0.05 --set rounds=20
 
 runs with dpfl's defaults (local.epochs=2, privacy.clip_norm=1.0, server.lr=1.0,
-lr_decay=1.0, momentum=0, weight_decay=0, client_test_fraction=0.2, δ=N^-1.1).
+lr_decay=1.0, momentum=0, weight_decay=0, client_test_fraction=0.2, δ=min(N^-1.1, 0.01/N)).
 Its RNG streams differ from dpfl's, so results are not bit-identical; the final test
 accuracy should agree with dpfl's to within about two points.
 
@@ -28,7 +28,7 @@ Procedure:
   norm C; the clipped sum plus N(0, (zC)²) per coordinate is divided by the fixed
   denominator q·N and added (times the server learning rate) to the global weights.
 * ε: ``dp_accounting`` RDP accountant, ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
-  composed once per round, at δ = N^-1.1.
+  composed once per round, at δ = min(N^-1.1, 0.01/N).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def main() -> None:
     q, n_clients = args.rate, args.num_clients
     z, c_norm = args.noise_multiplier, args.clip_norm
     denominator = q * n_clients
-    delta_dp = float(n_clients) ** -1.1
+    delta_dp = min(float(n_clients) ** -1.1, 0.01 / n_clients)
     print(f"model: cnn params={dim} denominator={denominator} delta={delta_dp:.3e}", flush=True)
 
     for t in range(args.rounds):

@@ -46,6 +46,12 @@ def read_tune_file(path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ConfigError(
             f"tune.{sorted(unknown)[0]}: unknown key (known: space, checkpoint_every, head_cpus)"
         )
+    every = tune_section.get("checkpoint_every", 1)
+    if every != 1:
+        raise ConfigError(
+            f"tune.checkpoint_every={every!r}: must be 1 (every round is checkpointed before "
+            "it is released, so a resumed trial never recomputes a released round)"
+        )
     return tree, tune_section
 
 

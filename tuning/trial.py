@@ -3,10 +3,12 @@
 The trial's client workers and server are Ray actors created inside the trial's
 placement group. Every round is written as its own Parquet file under
 ``DIR/rounds/algorithm=<a>/epsilon_budget=<ε>/`` (one file per (trial, round): no
-append races, and a re-run round after a restore overwrites the same file, so there
-are never duplicate rows), reported to Tune, and checkpointed (server state,
-per-client state; RNG streams are keyed by (seed, round) and ε by the round count,
-so that is the whole state and a resumed trial equals an uninterrupted one).
+append races), after the round has been checkpointed (server state, per-client
+state; RNG streams are keyed by (seed, round) and ε by the round count, so that is the
+whole state and a resumed trial equals an uninterrupted one) to Tune and to the
+trial's own file. Checkpoint before release: a restored trial never recomputes a round
+whose row was written (a recomputation need not be bit-identical on a GPU, and two
+releases of one round with different noise would cost more than one round's ε).
 
 Privacy note: each trial's ε is the ε of *that* trial alone. Selecting the best
 trial on the same private data costs more (see ``tuning.report.tuning_epsilon``).
@@ -76,6 +78,12 @@ def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -
     return path
 
 
+def trial_checkpoint_path(out: str | Path, trial_id: str) -> Path:
+    """The trial's own round checkpoint (model, server and per-client state, incl.
+    personal heads: not a release artefact), rewritten before every row."""
+    return Path(out) / "trial_checkpoints" / f"{trial_id}.pkl"
+
+
 def make_trainable(
     base: dict,
     algorithm: str,
@@ -92,6 +100,8 @@ def make_trainable(
     and its hyperparameters are drawn from (seed, algorithm, ε, index): every trial
     exists from the start (so a resume never loses one) and is reproducible.
     """
+    if every != 1:  # a row released after a later checkpoint would be recomputed on resume
+        raise ValueError(f"tune.checkpoint_every={every}: must be 1")
     columns = dict(columns or {})
     for c in hyperparameter_columns():
         columns.setdefault(c, "string" if c in STRING_COLUMNS else "float")
@@ -126,12 +136,25 @@ def make_trainable(
         if checkpoint is not None:
             with checkpoint.as_directory() as d:
                 resume = pickle.loads((Path(d) / "state.pkl").read_bytes())
+        # Tune's experiment snapshot can name an older checkpoint than the newest; the
+        # trial's own checkpoint file, written before each row, is never behind a row.
+        own = trial_checkpoint_path(out, trial_id)
+        if own.exists():
+            mine = pickle.loads(own.read_bytes())
+            done = resume["server"]["rounds_done"] if resume is not None else -1
+            if mine["server"]["rounds_done"] > done:
+                resume = mine
         names = column_names(list(hps))
         last_acc = {"value": math.nan}
 
-        def on_round(row: dict, executor) -> None:
-            full = {**row, "trial_id": trial_id, **{names[k]: v for k, v in hps.items()}}
-            write_round(out, full, columns)
+        def on_checkpoint(state: dict, row: dict) -> None:
+            """Persist the round's state before its row is released (never recompute a
+            released round): the trial's own file, then Tune's checkpoint."""
+            blob = pickle.dumps(state)
+            own.parent.mkdir(parents=True, exist_ok=True)
+            tmp = own.with_name(f".{own.name}.tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, own)
             if not math.isnan(row["test_accuracy"]):
                 last_acc["value"] = row["test_accuracy"]
             metrics = {
@@ -142,18 +165,20 @@ def make_trainable(
             }
             if "personal_accuracy" in row and not math.isnan(row["personal_accuracy"]):
                 metrics["personal_accuracy"] = row["personal_accuracy"]
-            if int(row["round"]) % every == 0 or int(row["round"]) == config.rounds:
-                with tempfile.TemporaryDirectory() as d:
-                    (Path(d) / "state.pkl").write_bytes(pickle.dumps(executor.checkpoint()))
-                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
-            else:
-                tune.report(metrics)
+            with tempfile.TemporaryDirectory() as d:
+                (Path(d) / "state.pkl").write_bytes(blob)
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+
+        def on_round(row: dict, executor) -> None:
+            full = {**row, "trial_id": trial_id, **{names[k]: v for k, v in hps.items()}}
+            write_round(out, full, columns)
 
         simulate(
             config,
             write=False,
             resume=resume,
             on_round=on_round,
+            on_checkpoint=on_checkpoint,
             run_name=trial_name,
             trial=trial_id,
         )

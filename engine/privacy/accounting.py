@@ -269,6 +269,16 @@ class EpsilonTracker:
         return float(self._pld1.self_compose(rounds).get_epsilon_for_delta(self.delta))
 
 
+#: The largest N·δ the default δ gives; dpfl warns when a run's N·δ exceeds it.
+MAX_DELTA_TIMES_N = 0.01
+
+
 def default_delta(num_clients: int) -> float:
-    """δ = N^-1.1, below 1/N as client-level DP requires."""
-    return float(num_clients) ** -1.1
+    """δ = min(N^-1.1, 0.01/N), so N·δ ≤ 0.01.
+
+    δ bounds the probability mass on which the ε guarantee may fail: a mechanism that
+    publishes one client's whole data with probability δ, independently per client, is
+    (0, δ)-DP and exposes N·δ clients in expectation. N^-1.1 alone gives N·δ = N^-0.1
+    (0.5 at N = 1000), so the default also caps N·δ at :data:`MAX_DELTA_TIMES_N`."""
+    n = float(num_clients)
+    return min(n**-1.1, MAX_DELTA_TIMES_N / n)

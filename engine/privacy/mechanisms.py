@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.rng import SecureRandom
+
 
 @dataclass(frozen=True)
 class ClipResult:
@@ -103,11 +105,18 @@ def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
 
 
 def gaussian_noise(
-    size: int, std: float, generator: torch.Generator, dtype: torch.dtype = torch.float64
+    size: int,
+    std: float,
+    generator: torch.Generator | SecureRandom,
+    dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """``size`` i.i.d. N(0, std²) draws from ``generator`` (never the global RNG)."""
+    """``size`` i.i.d. N(0, std²) draws from ``generator`` (never the global RNG): a
+    seeded stream (simulation) or :class:`engine.rng.SecureRandom` (release mode: OS
+    entropy, nothing recorded; see its docstring for the floating-point caveat)."""
     if std < 0 or not math.isfinite(std):
         raise ValueError(f"noise std={std} must be finite and >= 0")
+    if isinstance(generator, SecureRandom):
+        return torch.from_numpy(generator.standard_normal(size)).to(dtype) * std
     return torch.randn(size, generator=generator, dtype=dtype) * std
 
 
@@ -117,7 +126,7 @@ def privatize_sum(
     noise_multiplier: float,
     clip_norm: float,
     denominator: float,
-    generator: torch.Generator,
+    generator: torch.Generator | SecureRandom,
     support: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(Σ clipped Δ_i + N(0, (zC)² I)) / denominator, computed in float64.
@@ -127,7 +136,7 @@ def privatize_sum(
         noise_multiplier: z; the noise std is z·C.
         clip_norm: C. Must be finite when z > 0.
         denominator: A public constant (m, or q·N for Poisson sampling).
-        generator: The round's noise stream.
+        generator: The round's noise stream, or a :class:`SecureRandom`.
         support: Optional 0/1 multiplier restricting where noise lands. It must be
             public (a rand-k mask from the run's seed, or the shared/personal split):
             a data-dependent support would reveal the data (ALGORITHMS.md §0 rule 4).

@@ -64,7 +64,7 @@ def test_entrypoint_must_be_dpfl_or_python(capsys) -> None:
         (["--out", "/tmp/exp", "--epsilons", "1,a"], ["--epsilons='1,a'"]),
         (["--out", "/tmp/exp", "--config", "missing.yaml"], ["--config='missing.yaml'"]),
         (["--out", "results/tune"], ["--out='results/tune'", "absolute"]),
-        ([], ["--out='results/tune'", "absolute"]),  # tune's default is relative
+        ([], ["--out=None", "absolute"]),  # tune's default is relative
     ],
 )
 def test_bad_tune_arguments_fail_before_contacting_a_cluster(capsys, args, needles) -> None:
@@ -76,6 +76,7 @@ def test_bad_tune_arguments_fail_before_contacting_a_cluster(capsys, args, needl
 def test_other_commands_are_checked_too(capsys) -> None:
     _fails(capsys, ["submit", "--", "dpfl", "run"], "--set out=None", "absolute")
     _fails(capsys, ["submit", "--", "dpfl", "compare", "--out", "rel"], "--out='rel'")
+    _fails(capsys, ["submit", "--", "dpfl", "run", "--out", "rel"], "--out='rel'")
     _fails(capsys, ["submit", "--", "dpfl", "submit", "--", "dpfl", "algorithms"], "submit")
     _fails(capsys, ["submit", "--", "dpfl", "tune", "--help"], "help")
 

@@ -212,8 +212,8 @@ def test_unreachable_target_raises_calibration_error():
 @pytest.mark.parametrize("n", [2, 10, 500, 3400, 10**6])
 def test_default_delta(n):
     d = default_delta(n)
-    assert d == n**-1.1
-    assert 0 < d < 1 / n
+    assert d == min(n**-1.1, 0.01 / n)
+    assert 0 < d < 1 / n and n * d <= 0.01
 
 
 def test_sampling_spec_validation_names_keys():

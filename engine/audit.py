@@ -1,0 +1,287 @@
+"""One-shot empirical privacy estimation with canary clients.
+
+After Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy
+Estimation for Federated Learning" (ICLR 2024). With ``eval.audit_canaries=K``:
+
+* 2K random unit directions u_k ∈ R^d are drawn from the run's seed. The first K
+  belong to *canary clients* that join the population; the other K are *held out*
+  and never inserted.
+* Every round each canary participates independently with the real clients'
+  sampling probability q (m/N under fixed-size sampling; canaries are not subject to
+  ``max_cohort``). A participating canary sends its direction restricted to the
+  round's released coordinates (not a personal head; only the public rand-k mask for
+  Fed-SMP rand-k), scaled to norm C_t, the round's clip norm (C_t under adaptive
+  clipping). It passes the clip unchanged and is added to the clipped sum before the
+  noise. Canaries add no client-side noise and do not report a quantile bit.
+* The statistic of direction u is the cosine between u and the final model delta
+  x^T − x^0 (default), or, with ``eval.audit_every_round``, the maximum over rounds of
+  the cosine between u and that round's model change x^{t+1} − x^t (the paper's
+  all-iterates threat model).
+* The **estimate**: a Gaussian is fitted (mean, std) to the inserted canaries'
+  statistics and one to the held-out ones; the estimate is the ε at the run's δ of the
+  mechanism pair (N(μ_in, σ_in²), N(μ_out, σ_out²)) (both directions of the hockey-stick
+  divergence, exact for Gaussians via normal CDFs). The paper compares against the
+  theoretical null N(0, 1/d); held-out canaries give the same null empirically.
+* The **lower bound**: a threshold test. For every threshold τ among the pooled
+  statistics, TPR = share of inserted canaries above τ, FPR = share of held-out ones;
+  (ε, δ)-DP implies TPR ≤ e^ε FPR + δ and 1 − FPR ≤ e^ε (1 − TPR) + δ. Clopper–Pearson
+  bounds at confidence 1 − α (α = 0.05), Bonferroni-corrected over all thresholds and
+  both bounds, turn these into ε_lower = max over τ of the implied ε. It treats the
+  K canaries as independent trials (the one-run heuristic), and with K canaries it
+  cannot exceed about log(K).
+
+Neither number is a privacy guarantee or a release: both are *diagnostics* of this
+run under this threat model (an adversary who inserts canary clients and sees the
+final model, or every model), hence the ``_nonprivate`` suffix of their columns.
+Canaries never change the accounted ε of real clients: the accountant uses the real
+population's sampling rate q, noise multiplier and rounds, none of which the canaries
+change; the average still divides by the real population's public denominator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+from engine import rng as rngs
+
+AUDIT_ALPHA = 0.05  # the lower bound holds with confidence 1 − AUDIT_ALPHA
+
+
+@dataclass(frozen=True)
+class AuditSpec:
+    """Public parameters of the canary audit of one run."""
+
+    seed: int
+    canaries: int  # K inserted; K more are held out
+    dim: int
+    rate: float  # a canary's per-round participation probability (the clients' q)
+    num_clients: int  # the real population N
+    delta: float
+    every_round: bool = False
+
+    def summary(self) -> dict:
+        return {
+            "audit_canaries": self.canaries,
+            "audit_statistic": "max_round_cosine" if self.every_round else "final_model_cosine",
+            "population_real": self.num_clients,
+            "population_with_canaries": self.num_clients + self.canaries,
+        }
+
+
+def audit_spec(config, plan, dim: int) -> AuditSpec | None:
+    """The run's audit; ``None`` when ``eval.audit_canaries=0`` or for a non-private
+    recipe (a canary's update is scaled to the clip norm, which such a recipe lacks), so
+    ``dpfl compare`` and ``dpfl tune`` can mix private and non-private recipes."""
+    k = config.eval.audit_canaries
+    if k == 0 or not plan.private:
+        return None
+    return AuditSpec(
+        seed=config.seed,
+        canaries=k,
+        dim=dim,
+        rate=plan.sampling.effective_rate,
+        num_clients=config.dataset.num_clients,
+        delta=plan.delta,
+        every_round=config.eval.audit_every_round,
+    )
+
+
+def canary_directions(seed: int, count: int, dim: int) -> torch.Tensor:
+    """``count`` i.i.d. uniform unit vectors in R^dim (float32 rows), from the seed."""
+    g = rngs.torch_gen(seed, rngs.AUDIT, 0)
+    u = torch.randn(count, dim, generator=g, dtype=torch.float64)
+    u = u / torch.linalg.vector_norm(u, dim=1, keepdim=True)
+    return u.to(torch.float32)
+
+
+def cosines(directions: torch.Tensor, vector: torch.Tensor) -> np.ndarray:
+    """cos(u_k, v) for every row u_k (0 for v = 0)."""
+    v = vector.double()
+    n = float(torch.linalg.vector_norm(v))
+    if n == 0.0:
+        return np.zeros(directions.shape[0])
+    norms = torch.linalg.vector_norm(directions.double(), dim=1)
+    return ((directions.double() @ v) / (norms * n)).numpy()
+
+
+class CanaryAudit:
+    """Canary insertion and the end-of-run estimate (lives in the server)."""
+
+    def __init__(self, spec: AuditSpec, initial_weights: torch.Tensor) -> None:
+        self.spec = spec
+        self.w0 = initial_weights.detach().clone()
+        self.directions = canary_directions(spec.seed, 2 * spec.canaries, spec.dim)
+        self.participations = np.zeros(spec.canaries, dtype=np.int64)
+        self.max_cos = np.full(2 * spec.canaries, -np.inf)
+
+    def state_dict(self) -> dict:
+        return {"participations": self.participations.copy(), "max_cos": self.max_cos.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.participations = np.array(state["participations"], dtype=np.int64)
+        self.max_cos = np.array(state["max_cos"], dtype=np.float64)
+
+    def sampled(self, rnd: int) -> np.ndarray:
+        """Indices of the canaries that take part in round ``rnd`` (Poisson, rate q)."""
+        g = rngs.numpy_rng(self.spec.seed, rngs.AUDIT, 1, rnd)
+        return np.flatnonzero(g.random(self.spec.canaries) < self.spec.rate)
+
+    def canary_sum(self, rnd: int, clip_norm: float, support: torch.Tensor | None) -> torch.Tensor:
+        """Σ over the round's canaries of C_t·(u_k on the released support)/‖·‖ (float64)."""
+        total = torch.zeros(self.spec.dim, dtype=torch.float64)
+        for k in self.sampled(rnd):
+            v = self.directions[k].double()
+            if support is not None:
+                v = v * support.double()
+            n = float(torch.linalg.vector_norm(v))
+            if n > 0:
+                total += v * (clip_norm / n)
+            self.participations[k] += 1
+        return total
+
+    def observe_round(
+        self, rnd: int, before: torch.Tensor, after: torch.Tensor, rounds: int
+    ) -> dict:
+        """Track the per-round statistic; on the last round return the audit columns
+        (NaN on every other round)."""
+        if self.spec.every_round:
+            self.max_cos = np.maximum(self.max_cos, cosines(self.directions, after - before))
+        cols = {
+            "audit_epsilon_estimate_nonprivate": math.nan,
+            "audit_epsilon_lower_nonprivate": math.nan,
+            "audit_canaries_participated_nonprivate": math.nan,
+        }
+        if rnd + 1 != rounds:
+            return cols
+        k = self.spec.canaries
+        if self.spec.every_round:
+            scores = self.max_cos
+        else:
+            scores = cosines(self.directions, after - self.w0)
+        inserted, held_out = scores[:k], scores[k:]
+        cols["audit_epsilon_estimate_nonprivate"] = gaussian_fit_epsilon(
+            inserted, held_out, self.spec.delta
+        )
+        cols["audit_epsilon_lower_nonprivate"] = threshold_lower_bound(
+            inserted, held_out, self.spec.delta
+        )
+        cols["audit_canaries_participated_nonprivate"] = int((self.participations > 0).sum())
+        return cols
+
+
+# ------------------------------------------------------------------- estimation
+
+
+def _mass(lo: float, hi: float, mu: float, sd: float) -> float:
+    """P(lo < X < hi) for X ~ N(mu, sd²), accurate in both tails."""
+    a, b = (lo - mu) / sd, (hi - mu) / sd
+    if a > 0:  # both in the upper tail: difference of survival functions
+        return float(stats.norm.sf(a) - stats.norm.sf(b))
+    return float(stats.norm.cdf(b) - stats.norm.cdf(a))
+
+
+def hockey_stick(mu_p: float, sd_p: float, mu_q: float, sd_q: float, eps: float) -> float:
+    """sup_S P(S) − e^ε Q(S) for P = N(mu_p, sd_p²), Q = N(mu_q, sd_q²), exactly: S is
+    where log p − log q > ε, a quadratic inequality in x."""
+    a = 0.5 / sd_q**2 - 0.5 / sd_p**2
+    b = mu_p / sd_p**2 - mu_q / sd_q**2
+    c = mu_q**2 / (2 * sd_q**2) - mu_p**2 / (2 * sd_p**2) + math.log(sd_q / sd_p) - eps
+    inf = math.inf
+    if abs(a) < 1e-12 * max(abs(b), 1e-300) or a == 0.0:
+        if b == 0.0:
+            intervals = [(-inf, inf)] if c > 0 else []
+        elif b > 0:
+            intervals = [(-c / b, inf)]
+        else:
+            intervals = [(-inf, -c / b)]
+    else:
+        disc = b * b - 4 * a * c
+        if disc <= 0:
+            intervals = [(-inf, inf)] if a > 0 else []
+        else:
+            r = math.sqrt(disc)
+            x1, x2 = sorted(((-b - r) / (2 * a), (-b + r) / (2 * a)))
+            intervals = [(-inf, x1), (x2, inf)] if a > 0 else [(x1, x2)]
+    p = sum(_mass(lo, hi, mu_p, sd_p) for lo, hi in intervals)
+    q = sum(_mass(lo, hi, mu_q, sd_q) for lo, hi in intervals)
+    return max(0.0, p - math.exp(eps) * q) if eps < 700 else max(0.0, p)
+
+
+def gaussian_pair_epsilon(
+    mu1: float, sd1: float, mu0: float, sd0: float, delta: float, eps_max: float = 500.0
+) -> float:
+    """The smallest ε with δ(ε) ≤ ``delta`` in both directions for the pair
+    N(mu1, sd1²), N(mu0, sd0²) (bisection; ``eps_max`` if even that is not enough)."""
+
+    def excess(eps: float) -> float:
+        return max(hockey_stick(mu1, sd1, mu0, sd0, eps), hockey_stick(mu0, sd0, mu1, sd1, eps))
+
+    if excess(0.0) <= delta:
+        return 0.0
+    if excess(eps_max) > delta:
+        return eps_max
+    lo, hi = 0.0, eps_max
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if excess(mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-6:
+            break
+    return hi
+
+
+def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> float:
+    """ε estimate: Gaussians fitted to the two sets of statistics, then the ε of that
+    pair at ``delta``. NaN with fewer than two finite statistics in a set."""
+    ins = np.asarray(inserted, dtype=np.float64)
+    out = np.asarray(held_out, dtype=np.float64)
+    ins, out = ins[np.isfinite(ins)], out[np.isfinite(out)]
+    if len(ins) < 2 or len(out) < 2:
+        return math.nan
+    sd1, sd0 = float(ins.std(ddof=1)), float(out.std(ddof=1))
+    tiny = 1e-12 * max(abs(float(ins.mean())), abs(float(out.mean())), 1e-300)
+    sd1, sd0 = max(sd1, tiny), max(sd0, tiny)
+    return gaussian_pair_epsilon(float(ins.mean()), sd1, float(out.mean()), sd0, delta)
+
+
+def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
+    """Two one-sided (1 − alpha) Clopper–Pearson bounds (lower, upper) of a proportion."""
+    lo = 0.0 if successes == 0 else float(stats.beta.ppf(alpha, successes, trials - successes + 1))
+    hi = (
+        1.0
+        if successes == trials
+        else float(stats.beta.ppf(1 - alpha, successes + 1, trials - successes))
+    )
+    return lo, hi
+
+
+def threshold_lower_bound(
+    inserted: np.ndarray, held_out: np.ndarray, delta: float, alpha: float = AUDIT_ALPHA
+) -> float:
+    """ε lower bound (confidence 1 − alpha) from the best threshold test (see module doc)."""
+    ins = np.sort(np.asarray(inserted, dtype=np.float64))
+    out = np.sort(np.asarray(held_out, dtype=np.float64))
+    n_in, n_out = len(ins), len(out)
+    if n_in == 0 or n_out == 0:
+        return math.nan
+    thresholds = np.unique(np.concatenate([ins, out]))
+    a = alpha / (2 * len(thresholds))  # Bonferroni over thresholds and both bounds
+    best = 0.0
+    for tau in thresholds:
+        tp = int(n_in - np.searchsorted(ins, tau, side="left"))  # inserted ≥ τ
+        fp = int(n_out - np.searchsorted(out, tau, side="left"))  # held out ≥ τ
+        tpr_lo, _ = clopper_pearson(tp, n_in, a)
+        _, fpr_hi = clopper_pearson(fp, n_out, a)
+        if tpr_lo - delta > 0 and fpr_hi > 0:
+            best = max(best, math.log((tpr_lo - delta) / fpr_hi))
+        tnr_lo, fnr_hi = 1.0 - fpr_hi, 1.0 - tpr_lo
+        if tnr_lo - delta > 0 and fnr_hi > 0:
+            best = max(best, math.log((tnr_lo - delta) / fnr_hi))
+    return best

@@ -1,0 +1,143 @@
+"""One line of documentation per config key, and the commented YAML of ``dpfl config``.
+
+:data:`KEY_HELP` is the single place the command line takes key descriptions from
+(``dpfl config``, ``dpfl run --help``); a test checks it covers every key of
+:class:`engine.config.RunConfig`, so a new key without a description fails CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import Any
+
+import yaml
+
+from engine.config import DEFAULT_EPSILON, RunConfig
+
+KEY_HELP: dict[str, str] = {
+    "algorithm": "the recipe; one of `dpfl algorithms`",
+    "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
+    "rounds": "number of rounds T",
+    "out": "results folder (null: results/<timestamp>-<algorithm>); never overwritten",
+    "dataset.name": "synthetic, mnist, emnist, cifar10, cifar100, svhn, femnist, shakespeare",
+    "dataset.root": "folder holding the dataset files (null for synthetic)",
+    "dataset.download": "let torchvision download missing files (online only)",
+    "dataset.num_clients": "N; for natural partitions, the first N writers/roles",
+    "dataset.partition": "iid, dirichlet, or natural (synthetic, femnist, shakespeare)",
+    "dataset.alpha": "Dirichlet concentration over labels (small = skewed)",
+    "dataset.client_test_fraction": "share of each client's data held out for personal eval",
+    "dataset.emnist_split": "EMNIST split (byclass, bymerge, balanced, letters, digits, mnist)",
+    "dataset.synthetic_alpha": "Synthetic(alpha, beta): model heterogeneity across clients",
+    "dataset.synthetic_beta": "Synthetic(alpha, beta): data heterogeneity across clients",
+    "dataset.synthetic_dim": "Synthetic: input dimension",
+    "dataset.synthetic_classes": "Synthetic: number of classes",
+    "dataset.synthetic_mean_samples": "Synthetic: mean client size (log-normal)",
+    "model.name": "logreg, mlp, cnn, resnet10_gn, resnet18_gn, char_lstm",
+    "model.memory_format": "auto, contiguous or channels_last (conv layout; same maths)",
+    "sampling.mode": "poisson (each client joins with prob. rate) or fixed (cohort_size)",
+    "sampling.rate": "Poisson sampling probability q in (0, 1]",
+    "sampling.cohort_size": "m clients per round for sampling.mode=fixed",
+    "sampling.max_cohort": "hard cap on Poisson cohorts (truncated Poisson, PLD accountant)",
+    "eval.every": "evaluate the global model every k rounds and at the last round",
+    "eval.membership_inference": "add the loss-threshold attack AUC (mia_auc) at the end",
+    "privacy.epsilon": "target epsilon, sigma calibrated to it (null with noise_multiplier "
+    "null: 4)",
+    "privacy.delta": "delta in (0, 1); null: N^-1.1 with N = dataset.num_clients",
+    "privacy.noise_multiplier": "sigma (z); epsilon is computed. Give at most one of the two",
+    "privacy.clip_norm": "C > 0: each client's update is clipped to this L2 norm",
+    "privacy.accountant": "rdp or pld (null: rdp; pld when sampling.max_cohort is set)",
+    "local.epochs": "local passes over the client's data",
+    "local.steps": "if set, every client runs exactly this many minibatch steps",
+    "local.batch_size": "local minibatch size",
+    "local.lr": "local SGD learning rate",
+    "local.lr_decay": "local lr at round t is lr * decay^t",
+    "local.momentum": "local SGD momentum (fresh optimizer per client)",
+    "local.weight_decay": "local SGD weight decay",
+    "algo.rho": "SAM radius (null: the recipe's default)",
+    "algo.asam": "adaptive SAM (null: the recipe's default)",
+    "algo.beta": "PGN gradient mixing weight in [0, 1] (null: recipe default)",
+    "algo.sigma_ls": "Laplacian smoothing strength (null: recipe default)",
+    "algo.ls_scope": "Laplacian smoothing per tensor or over the whole model",
+    "algo.sparsity": "kept fraction (top-k, rand-k) or zeroed fraction (LUS)",
+    "algo.topk_site": "top-k of the noisy aggregate (server) or before clipping (client)",
+    "algo.randk_rescale": "rand-k: scale kept coordinates by d/k",
+    "algo.blur_lambda": "BLUR weight lambda (null: recipe default)",
+    "algo.head_steps": "DP2-FedSAM: local steps on the personal head",
+    "algo.body_steps": "DP2-FedSAM: local steps on the shared body",
+    "algo.personal_layers": "DP2-FedSAM: number of last Linear layers kept personal",
+    "algo.noise_site": "add noise at the server, or at clients (fixed-size sampling only)",
+    "algo.client_state": "per-client state in memory or on disk under out/client_state/",
+    "server.lr": "server step: x <- x + lr * (noisy mean update)",
+    "ray.executor": "ray (actors) or local (in process, identical results)",
+    "ray.address": "attach to a running cluster, e.g. auto (null: start a local Ray)",
+    "ray.num_workers": "client-worker actors (also the number of cohort shards)",
+    "ray.num_cpus_per_worker": "CPUs per worker actor (fractions allowed)",
+    "ray.num_gpus_per_worker": "GPUs per worker actor (fractions allowed)",
+    "ray.object_store_memory_mb": "object store size of a local Ray (null: Ray's default)",
+    "ray.clients_per_worker_batch": "vectorised clients per group (null: from memory; 1: none)",
+    "ray.max_worker_restarts": "restarts granted to each worker and the server over the run",
+    "ray.gpu_memory_safety": "fraction of free GPU memory kept spare by gpu_packing=memory",
+    "ray.gpu_packing": "fixed (num_gpus_per_worker) or memory (measured workers per GPU)",
+    "ray.worker_device": "auto (the GPU Ray assigned, else CPU), cpu or cuda",
+}
+
+
+def config_keys(config: RunConfig | None = None) -> dict[str, Any]:
+    """Every leaf key of ``config`` (default: the defaults), dotted, with its value."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                out[f"{prefix}{f.name}"] = value
+
+    walk(config if config is not None else RunConfig(), "")
+    return out
+
+
+def _line(indent: str, key: str, value: Any, help_text: str) -> str:
+    text = yaml.safe_dump({key: value}, default_flow_style=False, allow_unicode=True).rstrip()
+    return f"{indent}{text}  # {help_text}"
+
+
+def commented_yaml(config: RunConfig | None = None) -> str:
+    """``config`` (default: the defaults) as YAML, one ``# comment`` per key.
+
+    The text loads back (``yaml.safe_load``, then :func:`engine.config.config_from_dict`)
+    to the same config, so it can be saved and edited as a ``--config`` file."""
+    config = config if config is not None else RunConfig()
+    lines = [
+        "# dpfl configuration (dpfl config). A --config file is a diff over these",
+        "# defaults; dpfl run --set KEY=VALUE overrides one key, e.g. --set local.lr=0.1.",
+    ]
+    section = None
+    keys = config_keys(config)
+    if keys["privacy.epsilon"] == DEFAULT_EPSILON and keys["privacy.noise_multiplier"] is None:
+        keys["privacy.epsilon"] = None  # the default; null so that setting sigma alone works
+    for dotted, value in keys.items():
+        head, _, leaf = dotted.rpartition(".")
+        if head != section:
+            if head:
+                lines.append(f"{head}:")
+            section = head
+        lines.append(_line("  " if head else "", leaf, value, KEY_HELP.get(dotted, "")))
+    return "\n".join(lines) + "\n"
+
+
+def keys_epilog() -> str:
+    """The config keys, grouped by section, for ``dpfl run --help``."""
+    groups: dict[str, list[str]] = {}
+    for dotted in config_keys():
+        head, _, leaf = dotted.rpartition(".")
+        groups.setdefault(head, []).append(leaf)
+    lines = ["config keys (--set KEY=VALUE, or a YAML --config file):"]
+    for head, leaves in groups.items():
+        text = f"{head}.{{{', '.join(leaves)}}}" if head else ", ".join(leaves)
+        lines += textwrap.wrap(text, 78, initial_indent="  ", subsequent_indent="      ")
+    lines.append("`dpfl config` prints every key with its default and meaning;")
+    lines.append("the README's Configuration reference explains each one.")
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""Every error path of every ``dpfl`` subcommand: exit status 2, exactly one line on
+stderr (``dpfl: error: ...`` naming the bad value), no traceback, and nothing written —
+no results folder, no change to an existing one. None of these starts Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from engine.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--set", "dataset.num_clients=40", "--set", "rounds=2", "--set", "ray.executor=local"]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"")
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """A current directory holding inputs the cases need; results would land here."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text("rounds: 3\nlocal: lr: 0.1\n")
+    (tmp_path / "unknown.yaml").write_text("rounds: 3\nlocal:\n  lrr: 0.1\n")
+    (tmp_path / "badtune.yaml").write_text("tune:\n  spaces: {}\n")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "rounds.parquet").write_bytes(b"precious")
+    cmp_dir = tmp_path / "cmp"
+    cmp_dir.mkdir()
+    pd.DataFrame({"algorithm": ["dp_fedavg"]}).to_parquet(cmp_dir / "compare.parquet")
+    exp = tmp_path / "exp"
+    (exp / "rounds").mkdir(parents=True)
+    (exp / "tune").mkdir()
+    pd.DataFrame(
+        {"trial_id": ["a"], "final_test_accuracy": [0.5], "best_test_accuracy": [0.5]}
+    ).to_parquet(exp / "trials.parquet")
+    return tmp_path
+
+
+CASES = {
+    # run
+    "run yaml syntax": (["run", "--config", "bad.yaml"], ["bad.yaml", "invalid YAML", "line 2"]),
+    "run unknown key in file": (["run", "--config", "unknown.yaml"], ["local.lrr"]),
+    "run unknown key": (["run", "--set", "privacy.epsilonn=2"], ["privacy.epsilonn"]),
+    "run bad value": (["run", "--set", "privacy.clip_norm=0"], ["privacy.clip_norm=0"]),
+    "run bad type": (["run", "--set", "rounds=many"], ["rounds='many'"]),
+    "run missing config file": (["run", "--config", "nope.yaml"], ["nope.yaml"]),
+    "run missing dataset files": (
+        ["run", *SMALL, "--set", "dataset.name=mnist", "--set", "dataset.root=data"],
+        ["data"],
+    ),
+    "run out exists": (["run", *SMALL, "--out", "old"], ["old", "--resume", "--overwrite"]),
+    "run set out exists": (["run", *SMALL, "--set", "out=old"], ["old", "--overwrite"]),
+    "run non-private epsilon": (
+        ["run", "--set", "algorithm=fedavg", "--set", "privacy.epsilon=2"],
+        ["privacy.epsilon=2", "fedavg", "not private"],
+    ),
+    "run bad seeds": (["run", *SMALL, "--seeds", "0,a"], ["--seeds='0,a'"]),
+    "run repeated seeds": (["run", *SMALL, "--seeds", "1,1"], ["--seeds='1,1'"]),
+    "run unknown flag": (["run", "--bogus"], ["--bogus"]),
+    "run resume with out": (["run", "--resume", "old", "--out", "x"], ["--out"]),
+    "run resume not a run": (["run", "--resume", "cmp"], ["cmp", "config.json"]),
+    "run overwrite without out": (["run", *SMALL, "--overwrite"], ["--overwrite", "--out"]),
+    "run unreachable budget": (["run", "--set", "privacy.epsilon=1e-9"], ["epsilon"]),
+    # compare
+    "compare unknown algorithm": (["compare", "--algorithms", "nope"], ["nope"]),
+    "compare yaml syntax": (["compare", "--config", "bad.yaml"], ["bad.yaml", "line 2"]),
+    "compare out exists": (["compare", *SMALL, "--out", "old"], ["old", "--overwrite"]),
+    "compare missing dataset files": (
+        ["compare", "-a", "dp_fedavg", *SMALL, "--set", "dataset.name=cifar10"],
+        ["dataset"],
+    ),
+    "compare bad seeds": (["compare", *SMALL, "--seeds", "-1"], ["--seeds='-1'"]),
+    # tune
+    "tune out exists": (["tune", "--out", "old"], ["old", "--resume", "--overwrite"]),
+    "tune resume nothing": (["tune", "--resume", "--out", "nothere"], ["nothere"]),
+    "tune resume needs out": (["tune", "--resume"], ["--resume", "--out"]),
+    "tune resume and overwrite": (["tune", "--resume", "--overwrite", "--out", "old"], ["one"]),
+    "tune bad epsilons": (["tune", "--epsilons", "1,x"], ["--epsilons='1,x'"]),
+    "tune unknown algorithm": (["tune", "--algorithms", "nope"], ["nope"]),
+    "tune metric": (["tune", "--metric", "foo"], ["'foo'"]),
+    "tune yaml syntax": (["tune", "--config", "bad.yaml", "--out", "t"], ["bad.yaml", "line 2"]),
+    "tune unknown tune key": (["tune", "--config", "badtune.yaml", "--out", "t"], ["spaces"]),
+    "tune unknown config key": (["tune", "--set", "foo=1", "--out", "t"], ["foo"]),
+    # report
+    "report no folder": (["report", "nothere"], ["nothere"]),
+    "report on a compare folder": (["report", "cmp"], ["cmp", "trials.parquet", "compare"]),
+    "report metric": (["report", "exp", "--metric", "foo"], ["--metric='foo'", "test_accuracy"]),
+    # privacy
+    "privacy bad delta": (
+        ["privacy", "--epsilon", "4", "--delta", "2", "--sampling-rate", "0.1", "--rounds", "3"],
+        ["--delta=2"],
+    ),
+    "privacy no sampling": (["privacy", "--epsilon", "4", "--rounds", "3"], ["--sampling-rate"]),
+    "privacy both": (
+        ["privacy", "--epsilon", "4", "--noise-multiplier", "1", "--sampling-rate", "0.1"]
+        + ["--rounds", "3"],
+        ["--epsilon", "--noise-multiplier"],
+    ),
+    "privacy bad rounds": (["privacy", "--rounds", "x"], ["--rounds", "'x'"]),
+    "privacy unreachable": (
+        ["privacy", "--epsilon", "1e-9", "--sampling-rate", "0.1", "--rounds", "100"],
+        ["epsilon"],
+    ),
+    "privacy cohort without N": (
+        ["privacy", "--epsilon", "4", "--cohort-size", "10", "--rounds", "3"],
+        ["--num-clients"],
+    ),
+    # submit, algorithms, config
+    "submit no entrypoint": (["submit"], ["entrypoint"]),
+    "submit bad entrypoint": (["submit", "--", "dpfl", "run", "--set", "x=1"], ["x"]),
+    "algorithms extra": (["algorithms", "--bogus"], ["--bogus"]),
+    "config unknown key": (["config", "--set", "foo=1"], ["foo"]),
+    "config yaml syntax": (["config", "--config", "bad.yaml"], ["bad.yaml"]),
+    "no command": ([], ["command"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_error_is_one_line_exit_2_and_writes_nothing(name, workdir, capsys, monkeypatch) -> None:
+    argv, needles = CASES[name]
+    before = _tree(workdir)
+    with pytest.raises(SystemExit) if _argparse_case(argv) else _nothing() as exit_info:
+        status = main(argv)
+    if exit_info is not None:
+        status = exit_info.value.code
+    assert status == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("dpfl: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert _tree(workdir) == before  # no folder created, nothing changed or removed
+
+
+def _argparse_case(argv: list[str]) -> bool:
+    """Cases argparse rejects (it exits with SystemExit(2))."""
+    return (
+        not argv
+        or "--bogus" in argv
+        or argv[:3] == ["tune", "--metric", "foo"]
+        or argv[:3] == ["privacy", "--rounds", "x"]
+    )
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_optuna_missing_fails_before_ray_and_folders(workdir, capsys, monkeypatch) -> None:
+    import engine.cli as cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "optuna" else real(name, *a),
+    )
+    before = _tree(workdir)
+    assert main(["tune", "--search", "optuna", "--out", "exp2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpfl: error: --search=optuna") and "\n" not in err
+    assert "pip install optuna" in err
+    assert _tree(workdir) == before
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--config", "bad.yaml"],
+        ["report", "cmp"],
+        ["report", "exp", "--metric", "foo"],
+        ["tune", "--out", "old"],
+    ],
+)
+def test_real_entry_point_prints_no_traceback(workdir, argv) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", *argv],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
