@@ -475,8 +475,11 @@ def _tune(args: argparse.Namespace) -> int:
     if args.overwrite and out.exists():
         aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
         out.rename(aside)
+    import ray
+
     from tuning.experiment import run_tune
 
+    owns_ray = not ray.is_initialized()  # a caller's Ray (a notebook, a test) stays up
     try:
         with _quiet_ray(out, args.verbose):
             try:
@@ -494,7 +497,8 @@ def _tune(args: argparse.Namespace) -> int:
                     overrides=args.set,
                 )
             finally:
-                _shutdown_ray()
+                if owns_ray:
+                    _shutdown_ray()
     except BaseException:
         if aside is not None and not out.exists():
             aside.rename(out)

@@ -265,7 +265,7 @@ def test_privacy_delta_defaults_as_runs_do(capsys) -> None:
     assert out["delta"] == run_plan.delta == default_delta(1000)
     assert out["noise_multiplier"] == run_plan.noise_multiplier
     assert main([*base, "--num-clients", "40"]) == 0
-    assert json.loads(capsys.readouterr().out)["delta"] == 40**-1.1
+    assert json.loads(capsys.readouterr().out)["delta"] == default_delta(40) == 0.01 / 40
 
 
 def _default_config(**changes):
