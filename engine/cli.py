@@ -553,12 +553,17 @@ def _submit(args: argparse.Namespace) -> int:
     )
 
 
-def _algorithms(_: argparse.Namespace) -> int:
-    from algorithms import RECIPES
+def _algorithms(args: argparse.Namespace) -> int:
+    # the catalog is plain data: listing the algorithms imports neither torch nor Ray
+    from algorithms.catalog import CATALOG, references
 
-    width = max(len(n) for n in RECIPES)
-    for name, r in RECIPES.items():
-        print(f"{name:<{width}}  {r.summary}  [{r.paper}]")
+    width = max(len(n) for n in CATALOG)
+    for name, e in CATALOG.items():
+        print(f"{name:<{width}}  {e.summary}  [{e.citation()}]")
+    if args.references:
+        print("\nReferences (what each method computes: docs/algorithms.md):")
+        for line in references():
+            print(f"  {line}")
     return 0
 
 
@@ -743,7 +748,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sb.set_defaults(func=_submit)
 
-    al = sub.add_parser("algorithms", help="list the algorithms")
+    al = sub.add_parser("algorithms", help="list the algorithms and their papers")
+    al.add_argument(
+        "--references", action="store_true", help="also print each paper's full reference"
+    )
     al.set_defaults(func=_algorithms)
 
     cf = sub.add_parser(
