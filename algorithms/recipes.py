@@ -1,4 +1,4 @@
-"""One recipe per method: a few lines naming its pieces (docs/algorithms.md).
+"""One recipe per method: a few lines naming its pieces (docs/algorithms.md §1-§7).
 
 ``build_pipeline(name, algo, clip_norm, noise_multiplier, ...)`` returns the
 :class:`~algorithms.pipeline.Pipeline` and the resolved hyperparameters (recorded as
