@@ -293,6 +293,22 @@ def test_non_private_recipe_may_not_be_given_a_budget(capsys, small_overrides, t
     assert "not private (epsilon=inf)" in capsys.readouterr().out
 
 
+def test_compare_of_only_non_private_recipes_may_not_be_given_a_budget(capsys, tmp_path) -> None:
+    import argparse
+
+    from engine.cli import _check_private
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "-a", "fedavg,fedsam", "--out", str(out)]
+    assert main([*argv, "--set", "privacy.noise_multiplier=1.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpfl: error: privacy.noise_multiplier=1.0: algorithms fedavg,fedsam")
+    assert "\n" not in err and not out.exists()
+    # a private recipe beside a non-private baseline uses the budget: no error
+    given = argparse.Namespace(config=None, set=["privacy.epsilon=2"])
+    _check_private(["fedavg", "dp_fedavg"], given)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from algorithms import RECIPES
 from algorithms.catalog import CATALOG, PAPERS
-from engine.config import ALGORITHMS
+from engine.config import ALGORITHMS, NON_PRIVATE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,6 +22,7 @@ def test_every_recipe_has_one_catalog_entry_that_agrees_with_it() -> None:
         assert recipe.summary == entry.summary
         assert recipe.paper == entry.citation()
         assert all(k in PAPERS for k in entry.papers)
+        assert entry.private == (name not in NON_PRIVATE)  # what the CLI's check uses
 
 
 def test_citations_are_papers_not_placeholders() -> None:
