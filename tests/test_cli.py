@@ -327,7 +327,8 @@ def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -
     for o in sets:
         cmd += ["--set", o]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    runs = {}
+    runs: dict[str, list[str]] = {}
+    stderr: dict[str, str] = {}
     for name, extra in (("quiet", []), ("verbose", ["--verbose"])):
         done = subprocess.run(
             [*cmd, "--out", str(tmp_path / name), *extra],
@@ -337,13 +338,18 @@ def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-2000:]
+        stderr[name] = done.stderr
         runs[name] = [
             ln
             for ln in done.stderr.splitlines()
             if ln.strip() and not ln.startswith(("dpfl: ", "Ray dashboard: "))
         ]
     assert runs["quiet"] == []
+    assert "core_worker" not in stderr["quiet"] and "token" not in stderr["quiet"].lower()
     log = (tmp_path / "quiet" / "ray.log").read_text().splitlines()
+    for marker in ("core_worker", "Token authentication"):  # moved, not lost
+        if marker in stderr["verbose"]:
+            assert any(marker in line for line in log), marker
     assert log[0].startswith("# dpfl run")
     if runs["verbose"]:  # what Ray printed in the verbose run was kept in the quiet one's log
         assert len(log) > 1
