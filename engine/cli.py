@@ -85,16 +85,26 @@ def _load(args: argparse.Namespace) -> RunConfig:
     return config
 
 
-def _check_private(config: RunConfig, args: argparse.Namespace) -> None:
-    """A non-private recipe given a privacy target is an error, not a silent no-op."""
-    if config.is_private:
+def _check_private(algorithms: list[str], args: argparse.Namespace) -> None:
+    """Privacy keys given where no algorithm is private: an error, not a silent no-op.
+
+    ``dpfl compare`` may mix private recipes with non-private baselines at one budget;
+    only when every algorithm would ignore ``privacy.epsilon`` & co. is it refused."""
+    from engine.config import NON_PRIVATE
+
+    if any(a not in NON_PRIVATE for a in algorithms):
         return
     given = _given(args.config, args.set)
     for key in PRIVACY_PROMISES:
         if given.get(key) is not None:
+            which = (
+                f"algorithm={algorithms[0]} is"
+                if len(algorithms) == 1
+                else f"algorithms {','.join(algorithms)} are"
+            )
             raise ConfigError(
-                f"{key}={given[key]!r}: algorithm={config.algorithm} is not private and "
-                "would ignore it; drop the key or choose a private algorithm (dpfl algorithms)"
+                f"{key}={given[key]!r}: {which} not private and would ignore it; "
+                "drop the key or choose a private algorithm (dpfl algorithms)"
             )
 
 
@@ -293,7 +303,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     config = _load(args)
-    _check_private(config, args)
+    _check_private([config.algorithm], args)
     seeds = _seeds(args.seeds)
     requested = args.out or config.out
     out = Path(requested) if requested else _default_out(config.algorithm)
@@ -377,7 +387,7 @@ def _privacy(args: argparse.Namespace) -> int:
         raise ConfigError(f"--num-clients={num_clients}: must be >= 1")
     if num_clients is None and (args.cohort_size is not None or args.max_cohort is not None):
         raise ConfigError("--num-clients is required with --cohort-size or --max-cohort")
-    # delta defaults as in runs: N^-1.1 with N = --num-clients (default dataset.num_clients)
+    # delta defaults as in runs (default_delta), N = --num-clients (default dataset.num_clients)
     population = num_clients if num_clients is not None else DatasetConfig().num_clients
     delta = args.delta if args.delta is not None else default_delta(population)
     if not 0 < delta < 1:
@@ -431,6 +441,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     config = _load(args)
     names = cmp.parse_algorithms(args.algorithms)
+    _check_private(names, args)
     seeds = _seeds(args.seeds)
     out = Path(args.out) if args.out else _default_out("compare")
     if args.out:
@@ -557,12 +568,17 @@ def _submit(args: argparse.Namespace) -> int:
     )
 
 
-def _algorithms(_: argparse.Namespace) -> int:
-    from algorithms import RECIPES
+def _algorithms(args: argparse.Namespace) -> int:
+    # the catalog is plain data: listing the algorithms imports neither torch nor Ray
+    from algorithms.catalog import CATALOG, references
 
-    width = max(len(n) for n in RECIPES)
-    for name, r in RECIPES.items():
-        print(f"{name:<{width}}  {r.summary}  [{r.paper}]")
+    width = max(len(n) for n in CATALOG)
+    for name, e in CATALOG.items():
+        print(f"{name:<{width}}  {e.summary}  [{e.citation()}]")
+    if args.references:
+        print("\nReferences (what each method computes: docs/algorithms.md):")
+        for line in references():
+            print(f"  {line}")
     return 0
 
 
@@ -647,7 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--delta",
         type=float,
-        help="delta in (0, 1) (default, as in runs: N^-1.1, N = --num-clients or 1000)",
+        help="delta in (0, 1) (default, as in runs: min(N^-1.1, 0.01/N), "
+        "N = --num-clients or 1000)",
     )
     pr.add_argument(
         "--sampling-rate", type=float, default=None, help="Poisson sampling probability q"
@@ -747,7 +764,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sb.set_defaults(func=_submit)
 
-    al = sub.add_parser("algorithms", help="list the algorithms")
+    al = sub.add_parser("algorithms", help="list the algorithms and their papers")
+    al.add_argument(
+        "--references", action="store_true", help="also print each paper's full reference"
+    )
     al.set_defaults(func=_algorithms)
 
     cf = sub.add_parser(
