@@ -302,3 +302,20 @@ def test_figures_carry_setting_integer_rounds_seed_bands_and_tuning_epsilon(tmp_
 
     write_report(tmp_path)
     assert (tmp_path / "accuracy_vs_round.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--scheduler", "asha"], "stops trials on their results"),
+        (["--set", "sampling.max_cohort=150"], "max_cohort"),
+    ],
+)
+def test_cli_refuses_papernot_steinke_in_one_line(tmp_path, capsys, extra, match) -> None:
+    from engine.cli import main
+
+    out = tmp_path / "exp"
+    code = main(["tune", "--tuning-privacy", "poisson", "--out", str(out), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and match in err and len(err.splitlines()) == 1
+    assert not out.exists()
