@@ -12,7 +12,9 @@ tuning"):
   event and accountant as the run, so one trial composes to exactly the ε the run
   reported. Planned rounds, not the rounds done: a trial stopped early by ASHA is a
   post-processing of the full run, so the bound does not depend on the stopping
-  decision (which depends on the data).
+  decision (which depends on the data). Refused: an adaptive searcher over a space
+  that varies a key in :data:`PRIVACY_KEYS` (the events themselves would be chosen
+  from earlier results; composing realised events then needs a privacy filter).
 * ``poisson`` / ``truncated_negative_binomial`` (Papernot & Steinke, "Hyperparameter
   Tuning with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620): dpfl draws
   the number of trials K itself (:func:`draw_num_trials`; Poisson with mean
@@ -92,7 +94,19 @@ def check_mode(
     """Refuse a Papernot-Steinke rule whose assumptions the experiment breaks."""
     if mode not in MODES:
         raise TuningPrivacyError(f"--tuning-privacy={mode!r}: must be one of {', '.join(MODES)}")
+    varied = [
+        k
+        for k in space_keys
+        if any(k == p or (p.endswith(".") and k.startswith(p)) for p in PRIVACY_KEYS)
+    ]
     if not is_papernot_steinke(mode):
+        if varied and search != "random":
+            # the trials' events would be chosen adaptively from earlier results; composing
+            # the realised events would need a privacy filter, which dpfl does not have
+            raise TuningPrivacyError(
+                f"--search={search} with a space that varies {varied[0]} (it changes a "
+                "trial's privacy event, chosen adaptively): use --search random"
+            )
         return
     flag = f"--tuning-privacy={mode}"
     if search != "random":
@@ -110,11 +124,6 @@ def check_mode(
             f"{flag}: sampling.max_cohort (truncated Poisson) is accounted by PLD only and "
             "Papernot-Steinke by RDP only; use --tuning-privacy compose"
         )
-    varied = [
-        k
-        for k in space_keys
-        if any(k == p or (p.endswith(".") and k.startswith(p)) for p in PRIVACY_KEYS)
-    ]
     if varied:
         raise TuningPrivacyError(
             f"{flag}: the search space varies {varied[0]}, which changes a trial's privacy "

@@ -106,11 +106,20 @@ def test_papernot_steinke_refusals(kwargs, match) -> None:
         "shape": 1.0,
     }
     selection.check_mode("poisson", **args)  # the defaults are allowed
-    selection.check_mode("compose", **{**args, **kwargs})  # composition always holds
+    if kwargs.get("search") is None or "space_keys" not in kwargs:
+        selection.check_mode("compose", **{**args, **kwargs})  # composition holds
     with pytest.raises(selection.TuningPrivacyError, match=match):
         selection.check_mode("poisson", **{**args, **kwargs})
     with pytest.raises(selection.TuningPrivacyError, match=match):
         selection.check_mode("truncated_negative_binomial", **{**args, **kwargs})
+
+
+def test_compose_refuses_adaptive_search_over_privacy_keys() -> None:
+    args = {"scheduler": "asha", "max_cohort": None, "shape": 1.0}
+    selection.check_mode("compose", search="random", space_keys=["rounds"], **args)
+    selection.check_mode("compose", search="optuna", space_keys=["local.lr"], **args)
+    with pytest.raises(selection.TuningPrivacyError, match="adaptively"):
+        selection.check_mode("compose", search="optuna", space_keys=["rounds"], **args)
 
 
 def test_run_tune_refuses_before_any_work(tmp_path) -> None:
