@@ -506,6 +506,8 @@ def _tune(args: argparse.Namespace) -> int:
                     resume=args.resume,
                     smoke_test=args.smoke_test,
                     overrides=args.set,
+                    tuning_privacy=args.tuning_privacy,
+                    tnb_shape=args.tnb_shape,
                 )
             finally:
                 if owns_ray:
@@ -713,6 +715,21 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--num-samples", type=int, default=4, help="trials per (algorithm, eps)")
     tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
     tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
+    tu.add_argument(
+        "--tuning-privacy",
+        choices=["compose", "poisson", "truncated_negative_binomial"],
+        default="compose",
+        help="how the cost of tuning is accounted: compose = all trials run and are "
+        "accounted (any search); poisson / truncated_negative_binomial = Papernot-Steinke: "
+        "dpfl draws the number of trials (mean --num-samples), random search only, only the "
+        "best trial is released (README: the privacy cost of tuning)",
+    )
+    tu.add_argument(
+        "--tnb-shape",
+        type=float,
+        default=1.0,
+        help="shape eta of the truncated negative binomial (0 = logarithmic, 1 = geometric)",
+    )
     tu.add_argument("--metric", choices=TUNE_METRICS, default="test_accuracy")
     tu.add_argument(
         "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
