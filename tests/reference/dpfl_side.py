@@ -49,6 +49,7 @@ def config_for(s: Setting, prob: Problem, fixed_cohort: int | None = None, batch
     }
     algo.update(
         randk_rescale=s.randk_rescale,
+        noise_site=s.noise_site,
         blur_lambda=s.blur_lambda,
         head_steps=s.head_steps,
         body_steps=s.body_steps,
@@ -130,6 +131,11 @@ class Streams:
 
     def noise(self, t: int) -> np.ndarray:
         g = rngs.torch_gen(SEED, rngs.NOISE, t)
+        return torch.randn(self.d, generator=g, dtype=torch.float64).numpy()
+
+    def client_noise(self, t: int, i: int) -> np.ndarray:
+        """Client i's own noise draws under ``algo.noise_site=client``."""
+        g = rngs.torch_gen(SEED, rngs.NOISE, t, i + 1)
         return torch.randn(self.d, generator=g, dtype=torch.float64).numpy()
 
     def randk_mask(self, t: int) -> np.ndarray:

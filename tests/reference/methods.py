@@ -10,8 +10,8 @@ out. Public randomness is passed in (see ``tests/reference/common.py``):
 * ``noise(t)``: d standard normal draws, the round's central Gaussian noise ξ_t
   (the aggregate gets σ·C·ξ_t);
 * ``randk_mask(t)``: the round's public rand-k mask (Fed-SMP);
-* ``client_noise(t, i)``: d standard normal draws of client i (only for the paper's
-  per-client-noise form of DP-FedSAM-top_k).
+* ``client_noise(t, i)``: d standard normal draws of client i (client-site noise,
+  and the paper's per-client-noise form of DP-FedSAM-top_k).
 
 Where dpfl departs from a paper for privacy, the paper's form is available here as an
 option (``topk_site="paper"``, ``noise_on="support"``), so the tests can pin the
@@ -88,6 +88,8 @@ class Setting:
     topk_site: str = "server"  # server | client | paper (per client after noise)
     noise_on: str = "all"  # all | support (paper: noise only on the clients' masks)
     beta: float = 1.0
+    noise_site: str = "server"  # server: one central draw; client: each adds σC/√m ξ_i
+    weighting: str = "uniform"  # FedAvg: uniform mean, or n_i-weighted (McMahan 2017)
     head_steps: int | None = None
     body_steps: int | None = None
     extra: dict = field(default_factory=dict)
@@ -223,6 +225,7 @@ def run(
         x_t = flat(w)
         total = torch.zeros(d, dtype=DT)
         raw_sum = torch.zeros(d, dtype=DT)
+        weight_sum = 0.0
         support = torch.zeros(d, dtype=torch.bool)  # union of the clients' masks
         mask_rk = None
         if s.method == "fedsmp_randk":
@@ -268,7 +271,9 @@ def run(
                 m = top_k_mask(gl * delta, 1.0 - s.sparsity)
                 delta = torch.where(m, delta, torch.zeros_like(delta))
                 support |= m
-            raw_sum += delta
+            n_i = len(idx) if s.weighting == "examples" else 1.0
+            raw_sum += n_i * delta
+            weight_sum += n_i
             if not private:
                 continue
             c = clip(delta, s.clip)
@@ -279,9 +284,16 @@ def run(
                     client_noise(t, i), dtype=DT
                 )
                 c = torch.where(top_k_mask(noisy, s.sparsity), noisy, torch.zeros_like(noisy))
+            elif s.noise_site == "client":
+                # each of the m clients adds N(0, (σC)²/m) on the released coordinates
+                xi_i = torch.as_tensor(client_noise(t, i), dtype=DT)
+                if mask_rk is not None:
+                    xi_i = torch.where(mask_rk, xi_i, torch.zeros_like(xi_i))
+                xi_i = torch.where(head_mask, torch.zeros_like(xi_i), xi_i)
+                c = c + s.z * s.clip / math.sqrt(s.denominator) * xi_i
             total += c
         if not private:
-            avg = raw_sum / len(cohort) if cohort else raw_sum
+            avg = raw_sum / weight_sum if cohort else raw_sum
             w = unflat(x_t + s.server_lr * avg, w)
             continue
         xi = torch.as_tensor(noise(t), dtype=DT)
@@ -291,7 +303,7 @@ def run(
             xi = torch.where(head_mask, torch.zeros_like(xi), xi)  # heads are not released
         if s.noise_on == "support":
             xi = torch.where(support, xi, torch.zeros_like(xi))
-        if s.method == "dp_fedsam_topk" and s.topk_site == "paper":
+        if (s.method == "dp_fedsam_topk" and s.topk_site == "paper") or s.noise_site == "client":
             xi = torch.zeros_like(xi)  # the clients added it
         v = (total + s.z * s.clip * xi) / s.denominator
         if s.method == "dp_fedsam_topk" and s.topk_site == "server":
