@@ -89,6 +89,7 @@ class Setting:
     noise_on: str = "all"  # all | support (paper: noise only on the clients' masks)
     beta: float = 1.0
     noise_site: str = "server"  # server: one central draw; client: each adds σC/√m ξ_i
+    pgn_clip: str = "fixed"  # fixed C, or the paper's median of the client's layer norms
     weighting: str = "uniform"  # FedAvg: uniform mean, or n_i-weighted (McMahan 2017)
     head_steps: int | None = None
     body_steps: int | None = None
@@ -276,6 +277,15 @@ def run(
             weight_sum += n_i
             if not private:
                 continue
+            if s.pgn_clip == "median":
+                # DP-FedPGN reference code: C_i = median of the client's own per-tensor
+                # update norms, used as its clip norm and its noise scale (not private)
+                sizes = [math.prod(t) for t in shp]
+                c_i = float(np.median([float(v.norm()) for v in torch.split(delta, sizes)]))
+                s.extra.setdefault("median_clip", []).append(c_i)
+                xi_i = torch.as_tensor(client_noise(t, i), dtype=DT)
+                total += clip(delta, c_i) + s.z * c_i / math.sqrt(s.denominator) * xi_i
+                continue
             c = clip(delta, s.clip)
             if s.method == "dp_fedsam_topk" and s.topk_site == "paper":
                 # paper eq. 12: each client noises its clipped update, then keeps top-k
@@ -303,7 +313,8 @@ def run(
             xi = torch.where(head_mask, torch.zeros_like(xi), xi)  # heads are not released
         if s.noise_on == "support":
             xi = torch.where(support, xi, torch.zeros_like(xi))
-        if (s.method == "dp_fedsam_topk" and s.topk_site == "paper") or s.noise_site == "client":
+        client_site = s.noise_site == "client" or s.pgn_clip == "median"
+        if (s.method == "dp_fedsam_topk" and s.topk_site == "paper") or client_site:
             xi = torch.zeros_like(xi)  # the clients added it
         v = (total + s.z * s.clip * xi) / s.denominator
         if s.method == "dp_fedsam_topk" and s.topk_site == "server":

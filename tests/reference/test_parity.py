@@ -224,6 +224,25 @@ def test_departure_topk_of_noisy_aggregate() -> None:
     assert float(np.abs(w4 - w4_paper).max()) > MOVES
 
 
+@pytest.mark.filterwarnings("ignore:sampling.mode=fixed")
+def test_departure_pgn_fixed_clip_instead_of_median() -> None:
+    """DP-FedPGN: the paper's code clips each client to C_i = the median of its own
+    per-tensor update norms and sizes the noise with C_i, so the sensitivity is a
+    function of private data; dpfl uses a public, fixed C. Pinned exactly: with one
+    client and one round, dpfl run with C set to that client's C_i is the paper's
+    computation; with the configured C it is not."""
+    s = Setting("dp_fedpgn", beta=0.3, rho=0.2, steps=3, rounds=1, **PRIV)
+    st = Streams(dataclasses.replace(s), PROB, fixed_cohort=1)
+    paper = dataclasses.replace(st.setting(), pgn_clip="median", extra={})
+    w_paper, _ = reference(paper, st, client_noise=lambda t, i: st.noise(t))
+    (c_i,) = paper.extra["median_clip"]
+    assert abs(c_i - s.clip) > 0.01  # the data chose a different clip norm
+    w_fixed, _ = run_dpfl(dataclasses.replace(s), PROB, fixed_cohort=1)
+    assert float(np.abs(w_fixed - w_paper).max()) > MOVES
+    w_at_ci, _ = run_dpfl(dataclasses.replace(s, clip=c_i), PROB, fixed_cohort=1)
+    assert float(np.abs(w_at_ci - w_paper).max()) < TOL
+
+
 def test_departure_fedavg_uniform_mean() -> None:
     """FedAvg (McMahan et al. 2017) weights client updates by their example counts
     n_i; dpfl's fedavg takes the uniform mean over the cohort (ALGORITHMS.md §1), the
