@@ -41,7 +41,13 @@ def dataset(prob: Problem) -> FederatedDataset:
     )
 
 
-def config_for(s: Setting, prob: Problem, fixed_cohort: int | None = None, batch: int | None = 1):
+def config_for(
+    s: Setting,
+    prob: Problem,
+    fixed_cohort: int | None = None,
+    batch: int | None = 1,
+    rate: float = RATE,
+):
     """The dpfl RunConfig matching reference setting ``s``."""
     algo = {
         k: getattr(s, k)
@@ -59,7 +65,7 @@ def config_for(s: Setting, prob: Problem, fixed_cohort: int | None = None, batch
     sampling = (
         {"mode": "fixed", "cohort_size": fixed_cohort}
         if fixed_cohort is not None
-        else {"rate": RATE}
+        else {"rate": rate}
     )
     data = {
         "algorithm": s.method,
@@ -88,10 +94,14 @@ def config_for(s: Setting, prob: Problem, fixed_cohort: int | None = None, batch
 
 
 def run_dpfl(
-    s: Setting, prob: Problem, fixed_cohort: int | None = None, batch: int | None = 1
+    s: Setting,
+    prob: Problem,
+    fixed_cohort: int | None = None,
+    batch: int | None = 1,
+    rate: float = RATE,
 ) -> tuple[np.ndarray, dict]:
     """dpfl's final global model and its per-client state (personal heads)."""
-    cfg = config_for(s, prob, fixed_cohort, batch)
+    cfg = config_for(s, prob, fixed_cohort, batch, rate)
     states: list[dict] = []
     res = simulate(
         cfg, write=False, dataset=dataset(prob), on_checkpoint=lambda st, r: states.append(st)
@@ -102,8 +112,10 @@ def run_dpfl(
 class Streams:
     """dpfl's public randomness for setting ``s``, in the reference's input form."""
 
-    def __init__(self, s: Setting, prob: Problem, fixed_cohort: int | None = None) -> None:
-        cfg = config_for(s, prob, fixed_cohort)
+    def __init__(
+        self, s: Setting, prob: Problem, fixed_cohort: int | None = None, rate: float = RATE
+    ) -> None:
+        cfg = config_for(s, prob, fixed_cohort, rate=rate)
         self.prep = prepare(cfg, dataset(prob))
         self.s, self.prob = s, prob
         self.d = sum(math.prod(t) for t in shapes(s.model, prob.dim, prob.num_classes))

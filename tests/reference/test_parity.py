@@ -155,6 +155,19 @@ def test_dpfl_equals_reference_fixed_cohorts(case: str) -> None:
     _parity(case, *FIXED_CASES[case], fixed=M)
 
 
+@pytest.mark.parametrize("method", ["dp_fedavg", "dp_fedpgn"])
+def test_empty_poisson_cohorts(method: str) -> None:
+    """A round whose Poisson cohort is empty is pure noise over the public
+    denominator q·N (ALGORITHMS.md §0 rule 3), in dpfl as in the reference."""
+    s = Setting(method, rounds=5, steps=3, **PRIV)
+    st = Streams(s, PROB, rate=0.1)
+    sizes = [len(c) for c in st.cohorts]
+    assert 0 in sizes and max(sizes) > 0, sizes
+    w_dpfl, _ = run_dpfl(dataclasses.replace(s), PROB, rate=0.1)
+    w_ref, _ = reference(st.setting(), st)
+    assert float(np.abs(w_dpfl - w_ref).max()) < TOL
+
+
 def test_vectorised_groups_equal_reference() -> None:
     """Clients trained as vectorised groups (engine.vectorized) give the same model."""
     s = dataclasses.replace(CASES["dp_fedavg"][0])
