@@ -99,12 +99,24 @@ def run_dpfl(
     fixed_cohort: int | None = None,
     batch: int | None = 1,
     rate: float = RATE,
+    info: dict | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """dpfl's final global model and its per-client state (personal heads)."""
+    """dpfl's final global model and its per-client state (personal heads). ``info``
+    receives the worker's vectorised group size (``group``) and why (``note``)."""
     cfg = config_for(s, prob, fixed_cohort, batch, rate)
     states: list[dict] = []
+
+    def on_round(row: dict, executor) -> None:
+        if info is not None:
+            info["group"] = executor.worker.clients_per_batch
+            info["note"] = executor.worker.vectorized_note
+
     res = simulate(
-        cfg, write=False, dataset=dataset(prob), on_checkpoint=lambda st, r: states.append(st)
+        cfg,
+        write=False,
+        dataset=dataset(prob),
+        on_checkpoint=lambda st, r: states.append(st),
+        on_round=on_round,
     )
     return np.asarray(res.weights, dtype=np.float64), states[-1].get("clients", {})
 
