@@ -210,8 +210,19 @@ def laplacian_smooth_dense(v: torch.Tensor, sigma: float) -> torch.Tensor:
 
 
 def smooth(v: torch.Tensor, shapes_: list[tuple[int, ...]], sigma: float, scope: str):
-    """Smooth each parameter tensor's row-major segment (``tensor``) or the whole vector."""
+    """Smooth each parameter tensor's row-major segment (``tensor``) or the whole vector
+    (``model``); ``tensor_transposed`` smooths a (out, in) weight along its columns
+    instead, the ordering mistake ALGORITHMS.md §4 warns about (for the tests only)."""
     if scope == "model":
         return laplacian_smooth_dense(v, sigma)
     sizes = [math.prod(s) for s in shapes_]
+    if scope == "tensor_transposed":  # a wrong order: neighbours = one input, all outputs
+        out = []
+        for seg, shp in zip(torch.split(v, sizes), shapes_):
+            if len(shp) == 2:
+                t = laplacian_smooth_dense(seg.view(shp).T.reshape(-1), sigma)
+                out.append(t.view(shp[1], shp[0]).T.reshape(-1))
+            else:
+                out.append(laplacian_smooth_dense(seg, sigma))
+        return torch.cat(out)
     return torch.cat([laplacian_smooth_dense(s, sigma) for s in torch.split(v, sizes)])
