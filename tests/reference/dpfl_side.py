@@ -90,6 +90,13 @@ def config_for(
     }
     if s.method in PRIVATE:
         data["privacy"] = {"noise_multiplier": s.z, "clip_norm": s.clip, "delta": 5e-4}
+        if s.clip_mode == "adaptive":
+            data["privacy"].update(
+                clip_mode="adaptive",
+                target_quantile=s.target_quantile,
+                clip_lr=s.clip_lr,
+                clip_count_stddev=s.count_stddev,
+            )
     return config_from_dict(data)
 
 
@@ -102,12 +109,14 @@ def run_dpfl(
     info: dict | None = None,
 ) -> tuple[np.ndarray, dict]:
     """dpfl's final global model and its per-client state (personal heads). ``info``
-    receives the worker's vectorised group size (``group``) and why (``note``)."""
+    receives the worker's vectorised group size (``group``), why (``note``) and the
+    released rows (``rows``)."""
     cfg = config_for(s, prob, fixed_cohort, batch, rate)
     states: list[dict] = []
 
     def on_round(row: dict, executor) -> None:
         if info is not None:
+            info.setdefault("rows", []).append(dict(row))
             info["group"] = executor.worker.clients_per_batch
             info["note"] = executor.worker.vectorized_note
 
@@ -156,6 +165,11 @@ class Streams:
     def noise(self, t: int) -> np.ndarray:
         g = rngs.torch_gen(SEED, rngs.NOISE, t)
         return torch.randn(self.d, generator=g, dtype=torch.float64).numpy()
+
+    def count_noise(self, t: int) -> float:
+        """The standard normal draw behind adaptive clipping's released count."""
+        g = rngs.torch_gen(SEED, rngs.CLIP_COUNT, t)
+        return float(torch.randn(1, generator=g, dtype=torch.float64)[0])
 
     def client_noise(self, t: int, i: int) -> np.ndarray:
         """Client i's own noise draws under ``algo.noise_site=client``."""

@@ -10,6 +10,8 @@ out. Public randomness is passed in (see ``tests/reference/common.py``):
 * ``noise(t)``: d standard normal draws, the round's central Gaussian noise ξ_t
   (the aggregate gets σ·C·ξ_t);
 * ``randk_mask(t)``: the round's public rand-k mask (Fed-SMP);
+* ``count_noise(t)``: one standard normal draw, the noise of adaptive clipping's
+  released count in round t;
 * ``client_noise(t, i)``: d standard normal draws of client i (client-site noise,
   and the paper's per-client-noise form of DP-FedSAM-top_k).
 
@@ -89,6 +91,11 @@ class Setting:
     noise_on: str = "all"  # all | support (paper: noise only on the clients' masks)
     beta: float = 1.0
     noise_site: str = "server"  # server: one central draw; client: each adds σC/√m ξ_i
+    clip_mode: str = "fixed"  # fixed C, or adaptive quantile clipping (Andrew et al. 2021)
+    target_quantile: float = 0.5  # γ
+    clip_lr: float = 0.2  # η_C
+    count_stddev: float = 0.0  # σ_b of the released count
+    count_centred: bool = True  # release Σ(b_i − ½) (sensitivity ½) or Σ b_i
     pgn_clip: str = "fixed"  # fixed C, or the paper's median of the client's layer norms
     weighting: str = "uniform"  # FedAvg: uniform mean, or n_i-weighted (McMahan 2017)
     head_steps: int | None = None
@@ -208,6 +215,7 @@ def run(
     noise: Callable[[int], np.ndarray],
     randk_mask: Callable[[int], np.ndarray] | None = None,
     client_noise: Callable[[int, int], np.ndarray] | None = None,
+    count_noise: Callable[[int], float] | None = None,
 ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """Run ``s.rounds`` rounds; returns (final flat global model, personal heads)."""
     x = torch.as_tensor(prob.x, dtype=DT)
@@ -221,7 +229,16 @@ def run(
     if s.method == "dp2_fedsam":
         head_mask[d - math.prod(shp[-2]) - math.prod(shp[-1]) :] = True
     g_tilde: torch.Tensor | None = None  # PGN: previous noisy pseudo-gradient (public)
+    # Adaptive clipping: the update noise multiplier z_Δ with 1/z² = 1/z_Δ² + 1/(2σ_b)²,
+    # so that update and count together are accounted as one Gaussian with z.
+    z_update = s.z
+    clip_t = s.clip
+    if s.clip_mode == "adaptive" and s.z > 0:
+        z_update = (s.z**-2 - (2.0 * s.count_stddev) ** -2) ** -0.5
+    s.extra["clip_norms"] = []
     for t in range(s.rounds):
+        s.extra["clip_norms"].append(clip_t)
+        unclipped = 0
         lr = s.lr * s.lr_decay**t
         x_t = flat(w)
         total = torch.zeros(d, dtype=DT)
@@ -286,7 +303,8 @@ def run(
                 xi_i = torch.as_tensor(client_noise(t, i), dtype=DT)
                 total += clip(delta, c_i) + s.z * c_i / math.sqrt(s.denominator) * xi_i
                 continue
-            c = clip(delta, s.clip)
+            unclipped += int(float(delta.norm()) <= clip_t)
+            c = clip(delta, clip_t)
             if s.method == "dp_fedsam_topk" and s.topk_site == "paper":
                 # paper eq. 12: each client noises its clipped update, then keeps top-k
                 m_den = s.denominator
@@ -300,7 +318,7 @@ def run(
                 if mask_rk is not None:
                     xi_i = torch.where(mask_rk, xi_i, torch.zeros_like(xi_i))
                 xi_i = torch.where(head_mask, torch.zeros_like(xi_i), xi_i)
-                c = c + s.z * s.clip / math.sqrt(s.denominator) * xi_i
+                c = c + z_update * clip_t / math.sqrt(s.denominator) * xi_i
             total += c
         if not private:
             avg = raw_sum / weight_sum if cohort else raw_sum
@@ -316,7 +334,16 @@ def run(
         client_site = s.noise_site == "client" or s.pgn_clip == "median"
         if (s.method == "dp_fedsam_topk" and s.topk_site == "paper") or client_site:
             xi = torch.zeros_like(xi)  # the clients added it
-        v = (total + s.z * s.clip * xi) / s.denominator
+        v = (total + z_update * clip_t * xi) / s.denominator
+        if s.clip_mode == "adaptive":
+            # b̃ = (Σ b_i + N(0, σ_b²))/m (or centred: (Σ(b_i − ½) + N)/m + ½);
+            # C ← C·exp(−η_C (b̃ − γ)), public post-processing of the release
+            noise_b = s.count_stddev * float(count_noise(t))
+            if s.count_centred:
+                b = (unclipped - 0.5 * len(cohort) + noise_b) / s.denominator + 0.5
+            else:
+                b = (unclipped + noise_b) / s.denominator
+            clip_t = clip_t * math.exp(-s.clip_lr * (b - s.target_quantile))
         if s.method == "dp_fedsam_topk" and s.topk_site == "server":
             v = torch.where(top_k_mask(v, s.sparsity), v, torch.zeros_like(v))
         if s.method == "dp_fed_ls":

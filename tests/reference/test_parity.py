@@ -112,6 +112,18 @@ CASES: dict[str, tuple[Setting, dict]] = {
     ),
 }
 
+# Adaptive quantile clipping (Andrew et al. 2021), ALGORITHMS.md §7's private
+# alternative to DP-FedPGN's median clipping: C_t moves with the released count.
+ADAPTIVE = {"clip_mode": "adaptive", "target_quantile": 0.5, "clip_lr": 0.5, "count_stddev": 1.0}
+CASES["dp_fedavg_adaptive_clip"] = (
+    Setting("dp_fedavg", rounds=4, **PRIV, **ADAPTIVE),
+    {"clip_mode": "fixed"},
+)
+CASES["dp_fedpgn_adaptive_clip"] = (
+    Setting("dp_fedpgn", beta=0.3, rho=0.2, steps=3, rounds=4, **PRIV, **ADAPTIVE),
+    {"clip_mode": "fixed"},
+)
+
 # Fixed-size cohorts of m = 4 (denominator m); client-site noise needs them.
 M = 4
 FIXED_CASES: dict[str, tuple[Setting, dict]] = {
@@ -133,7 +145,17 @@ FIXED_CASES: dict[str, tuple[Setting, dict]] = {
 
 def reference(s: Setting, st: Streams, client_noise=None):
     client_noise = client_noise or st.client_noise
-    return run(s, PROB, st.init, st.cohorts, st.orders, st.noise, st.randk_mask, client_noise)
+    return run(
+        s,
+        PROB,
+        st.init,
+        st.cohorts,
+        st.orders,
+        st.noise,
+        st.randk_mask,
+        client_noise,
+        st.count_noise,
+    )
 
 
 def _parity(case: str, s: Setting, ablate: dict, fixed: int | None = None) -> None:
@@ -276,6 +298,33 @@ def test_departure_pgn_fixed_clip_instead_of_median() -> None:
     assert float(np.abs(w_fixed - w_paper).max()) > MOVES
     w_at_ci, _ = run_dpfl(dataclasses.replace(s, clip=c_i), PROB, fixed_cohort=1)
     assert float(np.abs(w_at_ci - w_paper).max()) < TOL
+
+
+@pytest.mark.filterwarnings("ignore:sampling.mode=fixed")
+def test_adaptive_clip_centred_count() -> None:
+    """dpfl releases the centred count Σ(b_i − ½) + N(0, σ_b²) and uses
+    b̃ = count/m + ½ (sensitivity ½, matching the 2σ_b in Andrew et al.'s noise split).
+    With fixed cohorts of m this is exactly the paper's b̃ = (Σ b_i + N)/m, so dpfl
+    equals the uncentred reference; under Poisson sampling with a realised cohort n ≠
+    q·N it differs by (n − m)/(2m) in b̃, so C_1 differs by the factor exp(−η(n − m)/(2m))."""
+    s = Setting("dp_fedavg", rounds=2, **PRIV, **ADAPTIVE)
+    st = Streams(dataclasses.replace(s), PROB, fixed_cohort=M)
+    w_dpfl, _ = run_dpfl(dataclasses.replace(s), PROB, fixed_cohort=M)
+    w_paper, _ = reference(dataclasses.replace(st.setting(), count_centred=False), st)
+    assert float(np.abs(w_dpfl - w_paper).max()) < TOL
+    st = Streams(dataclasses.replace(s), PROB)
+    info: dict = {}
+    run_dpfl(dataclasses.replace(s), PROB, info=info)
+    c_dpfl = [r["clip_norm"] for r in info["rows"]]
+    paper = dataclasses.replace(st.setting(), count_centred=False, extra={})
+    reference(paper, st)
+    c_paper = paper.extra["clip_norms"]
+    assert c_dpfl[0] == c_paper[0] == s.clip
+    n, m = len(st.cohorts[0]), st.denominator
+    assert n != m
+    predicted = math.exp(-s.clip_lr * (n - m) / (2 * m))
+    assert c_paper[1] / c_dpfl[1] == pytest.approx(predicted, rel=1e-9)
+    assert abs(predicted - 1) > 1e-3
 
 
 def test_departure_fedavg_uniform_mean() -> None:
