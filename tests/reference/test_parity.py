@@ -205,6 +205,33 @@ VECTORISABLE = [
 ]
 
 
+def test_dp2_personal_accuracy_is_own_head_on_own_split() -> None:
+    """DP²-FedSAM's reported ``personal_accuracy`` (ALGORITHMS.md §6) is, over all
+    clients, the global body with the client's own head (the global head if it never
+    trained) on the client's held-out split; recomputed here from the reference."""
+    import torch
+
+    from tests.reference.common import forward, unflat
+
+    s = dataclasses.replace(CASES["dp2_fedsam"][0])
+    st = Streams(s, PROB)
+    info: dict = {}
+    run_dpfl(dataclasses.replace(s), PROB, info=info)
+    w_ref, heads = reference(st.setting(), st)
+    like = [torch.as_tensor(a, dtype=torch.float64) for a in st.init]
+    n_head = like[-2].numel() + like[-1].numel()
+    correct = total = 0
+    for c, idx in enumerate(PROB.client_test):
+        w = torch.as_tensor(w_ref).clone()
+        if c in heads:
+            w[-n_head:] = torch.as_tensor(heads[c])
+        logits = forward(unflat(w, like), torch.as_tensor(PROB.x[idx], dtype=torch.float64))
+        correct += int((logits.argmax(1).numpy() == PROB.y[idx]).sum())
+        total += len(idx)
+    assert 0 < len(heads) < len(PROB.client_test)  # both kinds of client are present
+    assert info["rows"][-1]["personal_accuracy"] == pytest.approx(correct / total, abs=1e-12)
+
+
 @pytest.mark.parametrize("case", VECTORISABLE)
 def test_vectorised_groups_equal_reference(case: str) -> None:
     """Clients trained four at a time as one vectorised computation (engine.vectorized,
