@@ -16,8 +16,15 @@ out. Public randomness is passed in (see ``tests/reference/common.py``):
   and the paper's per-client-noise form of DP-FedSAM-top_k).
 
 Where dpfl departs from a paper for privacy, the paper's form is available here as an
-option (``topk_site="paper"``, ``noise_on="support"``), so the tests can pin the
-departure; the privacy-valid form dpfl implements is the other option.
+option (``topk_site="paper"``, ``noise_on="support"``, ``pgn_clip="median"``,
+``count_centred=False``, ``weighting="examples"``), so the tests can pin the departure;
+the form dpfl implements is the other option.
+
+Privacy: this is test code and releases nothing. Its paper-form options are NOT
+differentially private as written (noise only on a data-dependent support reveals the
+support; a median clip norm taken from the client's own update makes the sensitivity
+and the noise scale functions of private data; per-client top-k after per-client noise
+is private only at σ/√m); they exist only to measure dpfl's departures from them.
 """
 
 from __future__ import annotations
