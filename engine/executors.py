@@ -47,13 +47,16 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
+def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float = 0.0) -> bool:
     """Start Ray (or attach to ``ray.address``) unless it is running; True if started.
 
     The one place dpfl initialises Ray (``dpfl run``, ``compare`` and ``tune``). It
     attaches to ``ray.address``, else to ``$RAY_ADDRESS`` (set by Ray inside a job),
-    else starts a local instance with at least the CPUs the workers declare;
-    attaching to an unreachable cluster is a ConfigError naming the address.
+    else starts a local instance with at least the CPUs the workers declare plus
+    ``extra_cpus`` (a Tune trial's own CPU), so one run or trial always fits (Ray's CPU
+    counts are scheduling labels; on a 2-core machine a trial of 2 one-CPU workers and
+    its 0.5-CPU head would otherwise wait for resources forever); attaching to an
+    unreachable cluster is a ConfigError naming the address.
     """
     import ray
 
@@ -70,7 +73,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None) -> bool:
     if address:
         kwargs["address"] = address
     else:
-        need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
+        need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker + extra_cpus
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
         if include_dashboard is not None:
             kwargs["include_dashboard"] = include_dashboard

@@ -212,6 +212,22 @@ def mark_released(
     return trials
 
 
+def _check_trial_fits(ray_cfg, head: float) -> None:
+    """One trial's placement group must fit the cluster's CPUs, or Tune waits forever
+    with every trial PENDING: a one-line error naming the keys instead."""
+    import ray
+
+    need = head + ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
+    have = float(ray.cluster_resources().get("CPU", 0.0))
+    if need > have + 1e-9:
+        raise ConfigError(
+            f"one trial needs {need:g} CPUs (tune.head_cpus={head:g} + ray.num_workers="
+            f"{ray_cfg.num_workers} x ray.num_cpus_per_worker={ray_cfg.num_cpus_per_worker:g})"
+            f" but the Ray cluster has {have:g}: lower ray.num_cpus_per_worker or "
+            "ray.num_workers"
+        )
+
+
 def run_tune(
     config_path: str | None,
     algorithms: list[str],
@@ -272,12 +288,14 @@ def run_tune(
                     config, algorithm=a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
                 )
             )
-    ensure_ray(config.ray)
+    head = float(tune_section.get("head_cpus", HEAD_CPUS))
+    ensure_ray(config.ray, extra_cpus=head)
+    if not (config.ray.address or os.environ.get("RAY_ADDRESS")):  # a cluster may autoscale
+        _check_trial_fits(config.ray, head)
     out.mkdir(parents=True, exist_ok=True)
     counts = trial_counts(
         out, algorithms, epsilons, config, num_samples, tuning_privacy, tnb_shape, resume
     )
-    head = float(tune_section.get("head_cpus", HEAD_CPUS))
     bundles = [{"CPU": head}] + [
         {"CPU": config.ray.num_cpus_per_worker, "GPU": config.ray.num_gpus_per_worker}
     ] * config.ray.num_workers

@@ -73,3 +73,15 @@ def test_tune_file_splits_config_and_tune_section(tmp_path) -> None:
     f.write_text("tune:\n  spaces: {}\n")
     with pytest.raises(ConfigError, match=r"^tune\.spaces: unknown key"):
         read_tune_file(str(f))
+
+
+@pytest.mark.ray
+def test_a_trial_that_cannot_fit_the_local_ray_is_an_error_not_a_hang(ray_session) -> None:
+    """The test Ray has 2 CPUs: a trial of 2 one-CPU workers plus its 0.5-CPU head would
+    stay PENDING forever; run_tune refuses it before writing anything."""
+    from engine.config import RayConfig
+    from tuning.experiment import _check_trial_fits
+
+    with pytest.raises(ConfigError, match=r"one trial needs 2.5 CPUs .* has 2"):
+        _check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=1.0), 0.5)
+    _check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=0.5), 0.5)  # fits: 1.5
