@@ -195,9 +195,27 @@ def test_generate_synthetic_shapes_and_standardisation():
     assert counts.sum() == n
     # Groups are contiguous blocks (client 0 first, ...).
     assert np.all(np.diff(pooled.groups) >= 0)
-    x = pooled.x_train.astype(np.float64)
-    np.testing.assert_allclose(x.mean(0), 0.0, atol=1e-4)
-    np.testing.assert_allclose(x.std(0), 1.0, atol=1e-3)
+    # Standardised with the generator's constants (not the data's): the features of
+    # the whole population have mean ~0 and variance ~1, within sampling error.
+    many = generate_synthetic(4000, np.random.default_rng(1), dim=dim, mean_samples=4)
+    x = many.x_train.astype(np.float64)
+    # Client offsets B_k ~ N(0, 1) dominate: the mean's standard error is ~ sqrt(0.5/4000).
+    assert np.abs(x.mean(0)).max() < 5 * np.sqrt(0.5 / 4000)
+    np.testing.assert_allclose(x.var(0), 1.0, atol=0.1)
+
+
+def test_synthetic_client_does_not_change_other_clients():
+    """Issue 13 item 4: one client's data must not change any other client's features
+    (the old recipe standardised with the statistics of all clients)."""
+    kw = {"dim": 15, "num_classes": 4, "mean_samples": 10}
+    full = generate_synthetic(30, np.random.default_rng(7), **kw)
+    fewer = generate_synthetic(29, np.random.default_rng(7), **kw)  # client 29 removed
+    more = generate_synthetic(31, np.random.default_rng(7), **kw)
+    for other in (fewer, more):
+        for k in range(29):
+            a, b = full.groups == k, other.groups == k
+            assert np.array_equal(full.x_train[a], other.x_train[b])
+            assert np.array_equal(full.y_train[a], other.y_train[b])
 
 
 def test_generate_synthetic_error_names_key():
