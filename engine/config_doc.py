@@ -33,6 +33,10 @@ KEY_HELP: dict[str, str] = {
     "dataset.synthetic_dim": "Synthetic: input dimension",
     "dataset.synthetic_classes": "Synthetic: number of classes",
     "dataset.synthetic_mean_samples": "Synthetic: mean client size (log-normal)",
+    "dataset.public_eval_clients": (
+        "synthetic/LEAF: clients (writers) held out of the population as the public "
+        "test set; null: ceil(N/10)"
+    ),
     "model.name": "logreg, mlp, cnn, resnet10_gn, resnet18_gn, char_lstm",
     "model.memory_format": "auto, contiguous or channels_last (conv layout; same maths)",
     "sampling.mode": "poisson (each client joins with prob. rate) or fixed (cohort_size)",

@@ -392,6 +392,7 @@ def simulate(
         "algorithm": config.algorithm,
         "dataset": config.dataset.name,
         "model": config.model.name,
+        "eval_source": prep.dataset.meta.get("eval_source", "public"),
         "seed": config.seed,
         "randomness": plan.randomness,
         "delta": plan.delta,

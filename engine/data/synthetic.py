@@ -13,8 +13,9 @@ the generating distribution's own constants — feature j has mean 0 and varianc
 with statistics of the generated data. Adding, removing or changing one client
 therefore leaves every other client's examples bit-identical.
 
-It has no separate test set: :func:`engine.data.build_dataset` uses the union of the
-clients' held-out splits as the global test set (as LEAF splits each user's data).
+:func:`engine.data.build_dataset` asks for ``dataset.public_eval_clients`` extra clients
+(``public_clients``) and holds them out as the public evaluation set: clients drawn
+from the same generator that never train and are not part of the population.
 """
 
 from __future__ import annotations
@@ -43,12 +44,16 @@ def generate_synthetic(
     dim: int = 60,
     num_classes: int = 10,
     mean_samples: int = 60,
+    public_clients: int = 0,
 ) -> PooledData:
     """Generate Synthetic(α, β); ``groups`` holds each example's (natural) client.
 
     ``rng`` is used once, for the seed of the per-client streams: client k draws from
-    ``SeedSequence(seed, spawn_key=(k,))``, so clients 0..K-1 are the same whatever
-    ``num_clients`` >= K is.
+    ``SeedSequence(seed, spawn_key=(0, k))``, so clients 0..K-1 are the same whatever
+    ``num_clients`` >= K is. The ``public_clients`` extra clients (groups
+    ``num_clients``, ``num_clients + 1``, ...) draw from ``spawn_key=(1, j)``: the same
+    generator, streams disjoint from the population's, and the same whatever the
+    population is.
     """
     if num_clients < 1:
         raise ValueError(f"dataset.num_clients={num_clients} must be >= 1")
@@ -56,8 +61,9 @@ def generate_synthetic(
     cov_diag = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2)
     scale = feature_scale(dim, beta)
     xs, ys, owners = [], [], []
-    for k in range(num_clients):
-        g = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(k,)))
+    keys = [(0, k) for k in range(num_clients)] + [(1, j) for j in range(public_clients)]
+    for k, key in enumerate(keys):
+        g = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
         size = int(np.clip(g.lognormal(np.log(mean_samples), 0.5), 4, 20 * mean_samples))
         u_k = g.normal(0.0, np.sqrt(alpha))
         b_mean = g.normal(0.0, np.sqrt(beta))

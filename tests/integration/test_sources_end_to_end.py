@@ -43,7 +43,8 @@ def test_shakespeare_char_lstm(tmp_path) -> None:
             "y": [(text * 3)[s + 8] for s in starts],
         }
 
-    _write_leaf(tmp_path / "train", {f"role{k}": user(k) for k in range(4)})
+    # 4 roles train; role4 is held out as the public test set (public_eval_clients=1).
+    _write_leaf(tmp_path / "train", {f"role{k}": user(k) for k in range(5)})
     _write_leaf(tmp_path / "test", {f"role{k}": user(k) for k in range(2)})
     cfg = load_config(
         overrides=[
@@ -52,6 +53,7 @@ def test_shakespeare_char_lstm(tmp_path) -> None:
             f"dataset.root={tmp_path}",
             "dataset.partition=natural",
             "dataset.num_clients=4",
+            "dataset.public_eval_clients=1",
             "model.name=char_lstm",
         ]
     )
