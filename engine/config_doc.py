@@ -44,7 +44,9 @@ KEY_HELP: dict[str, str] = {
     "sampling.cohort_size": "m clients per round for sampling.mode=fixed",
     "sampling.max_cohort": "hard cap on Poisson cohorts (truncated Poisson, PLD accountant)",
     "eval.every": "evaluate the global model every k rounds and at the last round",
-    "eval.membership_inference": "add the loss-threshold attack AUC (mia_auc) at the end",
+    "eval.membership_inference": (
+        "add the loss-threshold attack AUC (mia_auc_nonprivate) at the end"
+    ),
     "privacy.epsilon": "target epsilon, sigma calibrated to it (null with noise_multiplier "
     "null: 4)",
     "privacy.delta": "delta in (0, 1); null: N^-1.1 with N = dataset.num_clients",

@@ -29,7 +29,7 @@ REQUIRED = {
     "clip_norm",
     "sampling_rate",
     "cohort_size",
-    "wall_time_s",
+    "wall_time_s_nonprivate",
     "mean_update_norm_nonprivate",
     "clipped_fraction_nonprivate",
     "sampling",
@@ -225,7 +225,7 @@ def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> 
     resumed = simulate(cfg, write=False, resume=saved)
     assert np.array_equal(full.weights, resumed.weights)
     assert list(resumed.rounds["round"]) == [3, 4]
-    cols = [c for c in full.rounds.columns if c != "wall_time_s"]
+    cols = [c for c in full.rounds.columns if c != "wall_time_s_nonprivate"]
     pd.testing.assert_frame_equal(
         full.rounds[cols].iloc[2:].reset_index(drop=True), resumed.rounds[cols]
     )
