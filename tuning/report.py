@@ -129,7 +129,7 @@ def write_report(directory: str | Path, metric: str = "test_accuracy") -> str:
             "rounds_done",
             "noise_multiplier",
             "epsilon",
-            "wall_time_s",
+            "wall_time_s_nonprivate",
             "epsilon_excludes_tuning",
             f"final_{metric}",
             f"best_{metric}",
@@ -179,7 +179,13 @@ def write_report(directory: str | Path, metric: str = "test_accuracy") -> str:
 
     text = (
         f"# dpfl tune report: {directory}\n\n"
-        f"Best trial per (algorithm, ε) by final {metric}. `epsilon` is the trial's own "
+        f"Best trial per (algorithm, ε) by final {metric}"
+        + (
+            " (computed from clients' data: this selection is NOT covered by ε). "
+            if metric.endswith("_nonprivate")
+            else " (public: measured on the public evaluation set). "
+        )
+        + "`epsilon` is the trial's own "
         "ε, which excludes hyperparameter selection; `epsilon_with_tuning` is the ε of "
         "releasing the best of a Poisson-distributed number of trials with the "
         "experiment's mean (Papernot & Steinke 2022, RDP).\n\n"
