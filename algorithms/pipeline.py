@@ -9,7 +9,7 @@ The engine, not the recipe, fixes the order in which pieces act (see
 
 so no recipe can clip after noising, and the σ that is accounted is the σ used.
 
-Privacy guard (ALGORITHMS.md §0 rule 4): noise always covers every released
+Privacy guard (docs/algorithms.md §0 rule 4): noise always covers every released
 coordinate unless the only mask restricting it is *public* (drawn from the run's
 seed, identical for all clients: rand-k). A pipeline whose noise support would be
 decided by a data-dependent mask (top-k, LUS) is rejected at construction.

@@ -1,10 +1,11 @@
-"""One recipe per method: a few lines naming its pieces (ALGORITHMS.md).
+"""One recipe per method: a few lines naming its pieces (docs/algorithms.md §1-§7).
 
 ``build_pipeline(name, algo, clip_norm, noise_multiplier, ...)`` returns the
 :class:`~algorithms.pipeline.Pipeline` and the resolved hyperparameters (recorded as
-columns of ``rounds.parquet``). Defaults are the papers' (ALGORITHMS.md); where a
-published recipe is not private as written, the private form is built and the
-``departure`` text says what differs.
+columns of ``rounds.parquet``). Defaults are the papers' (docs/algorithms.md §1-§7);
+where a published recipe is not private as written, the private form is built and the
+``departure`` text says what differs. Summaries, privacy flags and citations come from
+:mod:`algorithms.catalog` (the papers' titles, authors, venues and arXiv ids).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from algorithms.catalog import CATALOG
 from algorithms.pipeline import (
     BLUR,
     LUS,
@@ -135,135 +137,117 @@ def _pgn(a, C, z, ls: bool):
     )
 
 
+def _recipe(
+    name: str,
+    hyperparameters: tuple[str, ...],
+    shares: str,
+    departure: str,
+    build: Callable[..., Pipeline],
+) -> Recipe:
+    """A recipe whose summary, privacy flag and citation are the catalog's."""
+    entry = CATALOG[name]
+    return Recipe(
+        name,
+        entry.summary,
+        entry.citation(),
+        entry.private,
+        hyperparameters,
+        shares,
+        departure,
+        build,
+    )
+
+
 _SAM_HP = ("rho", "asam")
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe(
+        _recipe(
             "fedavg",
-            "FedAvg: local SGD, server averages the updates",
-            "McMahan et al., AISTATS 2017",
-            False,
             (),
             "baseline",
             "none",
             _fedavg,
         ),
-        Recipe(
+        _recipe(
             "fedsam",
-            "FedSAM: FedAvg with SAM/ASAM local steps (not private)",
-            "Qu et al., ICML 2022",
-            False,
             _SAM_HP,
             "SAM step of dp_fedsam",
             "none",
             _fedsam,
         ),
-        Recipe(
+        _recipe(
             "dp_fedavg",
-            "DP-FedAvg: whole-update clip, central Gaussian noise",
-            "McMahan et al., ICLR 2018",
-            True,
             (),
             "privatizer of every private recipe",
             "none",
             _dp_fedavg,
         ),
-        Recipe(
+        _recipe(
             "dp_fedavg_blur",
-            "DP-FedAvg + BLUR: penalise local updates longer than C",
-            "Cheng et al., CVPR 2022",
-            True,
             ("blur_lambda",),
             "dp_fedavg + BLUR",
             "none",
             _blur,
         ),
-        Recipe(
+        _recipe(
             "dp_fedavg_blur_lus",
-            "DP-FedAvg + BLUR + LUS: zero unimportant coordinates",
-            "Cheng et al., CVPR 2022",
-            True,
             ("blur_lambda", "sparsity"),
             "dp_fedavg_blur + LUS",
             "noise on all d coordinates (LUS mask is private)",
             _blur_lus,
         ),
-        Recipe(
+        _recipe(
             "fedsmp_randk",
-            "Fed-SMP rand-k: public random mask, noise on k coords",
-            "Hu, Gong, Guo 2022",
-            True,
             ("sparsity", "randk_rescale"),
             "dp_fedavg + public rand-k",
             "none",
             _smp_randk,
         ),
-        Recipe(
+        _recipe(
             "fedsmp_topk",
-            "Fed-SMP top-k: local top-k before clipping",
-            "Hu, Gong, Guo 2022",
-            True,
             ("sparsity",),
             "dp_fedavg + TopK",
             "noise on all d coordinates (top-k support is private)",
             _smp_topk,
         ),
-        Recipe(
+        _recipe(
             "dp_fed_ls",
-            "DP-Fed-LS: ball-projected local SGD, Laplacian-smoothed aggregate",
-            "Liang et al. (seed 002)",
-            True,
             ("sigma_ls", "ls_scope"),
             "LaplacianSmoothing with dp_fedpgn_ls",
             "none",
             _fed_ls,
         ),
-        Recipe(
+        _recipe(
             "dp_fedsam",
-            "DP-FedSAM: SAM/ASAM local steps, whole-update clip + noise",
-            "Shi et al., CVPR 2023",
-            True,
             _SAM_HP,
             "SAM step with fedsam, dp2_fedsam",
             "whole-update clipping (reference code clips per tensor with noise for C)",
             _dp_fedsam,
         ),
-        Recipe(
+        _recipe(
             "dp_fedsam_topk",
-            "DP-FedSAM-top_k: top-k of the noisy aggregate",
-            "Shi et al., CVPR 2023",
-            True,
             (*_SAM_HP, "sparsity", "topk_site"),
             "dp_fedsam + ServerTopK",
             "top-k on the noisy aggregate (paper: per client after noise)",
             _dp_fedsam_topk,
         ),
-        Recipe(
+        _recipe(
             "dp2_fedsam",
-            "DP²-FedSAM: personal heads stay local, SAM on the shared body",
-            "seed 001",
-            True,
             (*_SAM_HP, "head_steps", "body_steps", "personal_layers"),
             "SAM step of dp_fedsam + PersonalSplit",
             "none",
             _dp2_fedsam,
         ),
-        Recipe(
+        _recipe(
             "dp_fedpgn",
-            "DP-FedPGN: global-gradient-aware perturbation and mixing",
-            "Liu et al. (seed 003)",
-            True,
             ("beta", "rho"),
             "PGN pieces with dp_fedpgn_ls",
             "fixed C (paper's median clipping is not private)",
             lambda a, C, z: _pgn(a, C, z, False),
         ),
-        Recipe(
+        _recipe(
             "dp_fedpgn_ls",
-            "DP-FedPGN-LS: DP-FedPGN with a smoothed direction g̃",
-            "Liu et al. (seed 003)",
-            True,
             ("beta", "rho", "sigma_ls", "ls_scope"),
             "dp_fedpgn + LaplacianSmoothing",
             "fixed C; FFT smoothing (reference stencil amplifies high frequencies)",

@@ -87,16 +87,26 @@ def _load(args: argparse.Namespace) -> RunConfig:
     return config
 
 
-def _check_private(config: RunConfig, args: argparse.Namespace) -> None:
-    """A non-private recipe given a privacy target is an error, not a silent no-op."""
-    if config.is_private:
+def _check_private(algorithms: list[str], args: argparse.Namespace) -> None:
+    """Privacy keys given where no algorithm is private: an error, not a silent no-op.
+
+    ``dpfl compare`` may mix private recipes with non-private baselines at one budget;
+    only when every algorithm would ignore ``privacy.epsilon`` & co. is it refused."""
+    from engine.config import NON_PRIVATE
+
+    if any(a not in NON_PRIVATE for a in algorithms):
         return
     given = _given(args.config, args.set)
     for key in PRIVACY_PROMISES:
         if given.get(key) is not None:
+            which = (
+                f"algorithm={algorithms[0]} is"
+                if len(algorithms) == 1
+                else f"algorithms {','.join(algorithms)} are"
+            )
             raise ConfigError(
-                f"{key}={given[key]!r}: algorithm={config.algorithm} is not private and "
-                "would ignore it; drop the key or choose a private algorithm (dpfl algorithms)"
+                f"{key}={given[key]!r}: {which} not private and would ignore it; "
+                "drop the key or choose a private algorithm (dpfl algorithms)"
             )
 
 
@@ -295,7 +305,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     config = _load(args)
-    _check_private(config, args)
+    _check_private([config.algorithm], args)
     seeds = _seeds(args.seeds)
     requested = args.out or config.out
     out = Path(requested) if requested else _default_out(config.algorithm)
@@ -379,7 +389,7 @@ def _privacy(args: argparse.Namespace) -> int:
         raise ConfigError(f"--num-clients={num_clients}: must be >= 1")
     if num_clients is None and (args.cohort_size is not None or args.max_cohort is not None):
         raise ConfigError("--num-clients is required with --cohort-size or --max-cohort")
-    # delta defaults as in runs: N^-1.1 with N = --num-clients (default dataset.num_clients)
+    # delta defaults as in runs (default_delta), N = --num-clients (default dataset.num_clients)
     population = num_clients if num_clients is not None else DatasetConfig().num_clients
     delta = args.delta if args.delta is not None else default_delta(population)
     if not 0 < delta < 1:
@@ -433,6 +443,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     config = _load(args)
     names = cmp.parse_algorithms(args.algorithms)
+    _check_private(names, args)
     seeds = _seeds(args.seeds)
     out = Path(args.out) if args.out else _default_out("compare")
     if args.out:
@@ -483,8 +494,11 @@ def _tune(args: argparse.Namespace) -> int:
     if args.overwrite and out.exists():
         aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
         out.rename(aside)
+    import ray
+
     from tuning.experiment import run_tune
 
+    owns_ray = not ray.is_initialized()  # a caller's Ray (a notebook, a test) stays up
     try:
         with _quiet_ray(out, args.verbose):
             try:
@@ -500,9 +514,12 @@ def _tune(args: argparse.Namespace) -> int:
                     resume=args.resume,
                     smoke_test=args.smoke_test,
                     overrides=args.set,
+                    tuning_privacy=args.tuning_privacy,
+                    tnb_shape=args.tnb_shape,
                 )
             finally:
-                _shutdown_ray()
+                if owns_ray:
+                    _shutdown_ray()
     except BaseException:
         if aside is not None and not out.exists():
             aside.rename(out)
@@ -561,12 +578,17 @@ def _submit(args: argparse.Namespace) -> int:
     )
 
 
-def _algorithms(_: argparse.Namespace) -> int:
-    from algorithms import RECIPES
+def _algorithms(args: argparse.Namespace) -> int:
+    # the catalog is plain data: listing the algorithms imports neither torch nor Ray
+    from algorithms.catalog import CATALOG, references
 
-    width = max(len(n) for n in RECIPES)
-    for name, r in RECIPES.items():
-        print(f"{name:<{width}}  {r.summary}  [{r.paper}]")
+    width = max(len(n) for n in CATALOG)
+    for name, e in CATALOG.items():
+        print(f"{name:<{width}}  {e.summary}  [{e.citation()}]")
+    if args.references:
+        print("\nReferences (what each method computes: docs/algorithms.md):")
+        for line in references():
+            print(f"  {line}")
     return 0
 
 
@@ -651,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--delta",
         type=float,
-        help="delta in (0, 1) (default, as in runs: N^-1.1, N = --num-clients or 1000)",
+        help="delta in (0, 1) (default, as in runs: min(N^-1.1, 0.01/N), "
+        "N = --num-clients or 1000)",
     )
     pr.add_argument(
         "--sampling-rate", type=float, default=None, help="Poisson sampling probability q"
@@ -700,6 +723,21 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--num-samples", type=int, default=4, help="trials per (algorithm, eps)")
     tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
     tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
+    tu.add_argument(
+        "--tuning-privacy",
+        choices=["compose", "poisson", "truncated_negative_binomial"],
+        default="compose",
+        help="how the cost of tuning is accounted: compose = all trials run and are "
+        "accounted (any search); poisson / truncated_negative_binomial = Papernot-Steinke: "
+        "dpfl draws the number of trials (mean --num-samples), random search only, only the "
+        "best trial is released (README: the privacy cost of tuning)",
+    )
+    tu.add_argument(
+        "--tnb-shape",
+        type=float,
+        default=1.0,
+        help="shape eta of the truncated negative binomial (0 = logarithmic, 1 = geometric)",
+    )
     tu.add_argument("--metric", choices=TUNE_METRICS, default="test_accuracy")
     tu.add_argument(
         "--allow-nonprivate-metric",
@@ -756,7 +794,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sb.set_defaults(func=_submit)
 
-    al = sub.add_parser("algorithms", help="list the algorithms")
+    al = sub.add_parser("algorithms", help="list the algorithms and their papers")
+    al.add_argument(
+        "--references", action="store_true", help="also print each paper's full reference"
+    )
     al.set_defaults(func=_algorithms)
 
     cf = sub.add_parser(

@@ -4,8 +4,8 @@ A :class:`ClientWorker` is created once per worker process (a Ray actor, or in
 process). It builds the model and the recipe's pipeline once and, for each client,
 copies the global weights in, runs the local steps (step rule, regularizer,
 constraint; a personal head first for DP²-FedSAM), forms Δ_i = w_i − x^t, applies
-the client transforms, then sanitises and clips the whole update to C (ALGORITHMS.md
-§0 rule 2) and adds it to the shard's sum. Only that sum, counts and non-private
+the client transforms, then sanitises and clips the whole update to C
+(docs/algorithms.md §0 rule 2) and adds it to the shard's sum. Only that sum, counts and non-private
 diagnostics leave the worker: one vector per worker per round. Personal heads never
 leave: they are zeroed in Δ and kept in this worker's client-state store.
 

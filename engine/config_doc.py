@@ -47,11 +47,23 @@ KEY_HELP: dict[str, str] = {
     "eval.membership_inference": (
         "add the loss-threshold attack AUC (mia_auc_nonprivate) at the end"
     ),
+    "eval.audit_canaries": "K > 0: K canary clients join the population; the run reports "
+    "the one-shot empirical epsilon estimate (an estimate, not a guarantee)",
+    "eval.audit_every_round": "audit with every round's released update, not only the final "
+    "model's delta",
     "privacy.epsilon": "target epsilon, sigma calibrated to it (null with noise_multiplier "
     "null: 4)",
-    "privacy.delta": "delta in (0, 1); null: N^-1.1 with N = dataset.num_clients",
+    "privacy.delta": "delta in (0, 1); null: min(N^-1.1, 0.01/N), N = dataset.num_clients",
     "privacy.noise_multiplier": "sigma (z); epsilon is computed. Give at most one of the two",
     "privacy.clip_norm": "C > 0: each client's update is clipped to this L2 norm",
+    "privacy.secure_noise": "release mode: cohorts and noise from the OS CSPRNG, never "
+    "recorded (false: seeded, reproducible simulation)",
+    "privacy.clip_mode": "fixed (C = clip_norm) or adaptive (C_t follows a quantile of "
+    "update norms; clip_norm is C_0)",
+    "privacy.target_quantile": "adaptive clipping: target fraction gamma of unclipped updates",
+    "privacy.clip_lr": "adaptive clipping: geometric step eta of C_t",
+    "privacy.clip_count_stddev": "adaptive clipping: noise sigma_b of the released count "
+    "(null: expected cohort / 20); needs z < 2 sigma_b",
     "privacy.accountant": "rdp or pld (null: rdp; pld when sampling.max_cohort is set)",
     "local.epochs": "local passes over the client's data",
     "local.steps": "if set, every client runs exactly this many minibatch steps",

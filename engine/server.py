@@ -1,6 +1,6 @@
 """The server: owns the global model, samples cohorts, privatises, accounts, evaluates.
 
-Privacy (ALGORITHMS.md §0–1), for DP-FedAvg:
+Privacy (docs/algorithms.md §0–1), for DP-FedAvg:
 
 * Cohorts are drawn from the round's sampling stream: Poisson (each client with
   probability q; optionally truncated to ``max_cohort`` by a uniformly random subset)

@@ -265,7 +265,7 @@ def test_privacy_delta_defaults_as_runs_do(capsys) -> None:
     assert out["delta"] == run_plan.delta == default_delta(1000)
     assert out["noise_multiplier"] == run_plan.noise_multiplier
     assert main([*base, "--num-clients", "40"]) == 0
-    assert json.loads(capsys.readouterr().out)["delta"] == 40**-1.1
+    assert json.loads(capsys.readouterr().out)["delta"] == default_delta(40) == 0.01 / 40
 
 
 def _default_config(**changes):
@@ -293,6 +293,22 @@ def test_non_private_recipe_may_not_be_given_a_budget(capsys, small_overrides, t
     assert "not private (epsilon=inf)" in capsys.readouterr().out
 
 
+def test_compare_of_only_non_private_recipes_may_not_be_given_a_budget(capsys, tmp_path) -> None:
+    import argparse
+
+    from engine.cli import _check_private
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "-a", "fedavg,fedsam", "--out", str(out)]
+    assert main([*argv, "--set", "privacy.noise_multiplier=1.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpfl: error: privacy.noise_multiplier=1.0: algorithms fedavg,fedsam")
+    assert "\n" not in err and not out.exists()
+    # a private recipe beside a non-private baseline uses the budget: no error
+    given = argparse.Namespace(config=None, set=["privacy.epsilon=2"])
+    _check_private(["fedavg", "dp_fedavg"], given)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -> None:
@@ -311,7 +327,8 @@ def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -
     for o in sets:
         cmd += ["--set", o]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    runs = {}
+    runs: dict[str, list[str]] = {}
+    stderr: dict[str, str] = {}
     for name, extra in (("quiet", []), ("verbose", ["--verbose"])):
         done = subprocess.run(
             [*cmd, "--out", str(tmp_path / name), *extra],
@@ -321,13 +338,18 @@ def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-2000:]
+        stderr[name] = done.stderr
         runs[name] = [
             ln
             for ln in done.stderr.splitlines()
             if ln.strip() and not ln.startswith(("dpfl: ", "Ray dashboard: "))
         ]
     assert runs["quiet"] == []
+    assert "core_worker" not in stderr["quiet"] and "token" not in stderr["quiet"].lower()
     log = (tmp_path / "quiet" / "ray.log").read_text().splitlines()
+    for marker in ("core_worker", "Token authentication"):  # moved, not lost
+        if marker in stderr["verbose"]:
+            assert any(marker in line for line in log), marker
     assert log[0].startswith("# dpfl run")
     if runs["verbose"]:  # what Ray printed in the verbose run was kept in the quiet one's log
         assert len(log) > 1

@@ -1,11 +1,15 @@
 """Hyperparameter search under fixed privacy budgets with Ray Tune.
 
 * :mod:`tuning.spaces` — search spaces per recipe as data, YAML overrides, validation;
-* :mod:`tuning.trial` — one trial = one simulation at a fixed ε (σ calibrated);
-* :mod:`tuning.experiment` — ``dpfl tune``: experiments, results, resume;
-* :mod:`tuning.report` — ``dpfl report`` and pandas helpers (``load_rounds``,
-  ``load_trials``, ``best_trials``, ``tuning_epsilon``).
+* :mod:`tuning.trial` — one trial = one simulation at a fixed ε (σ calibrated), with
+  its own seed;
+* :mod:`tuning.experiment` — ``dpfl tune``: experiments, results, resume, the number
+  of trials and which trial is released;
+* :mod:`tuning.selection` — the privacy cost of tuning: composition of all trials, or
+  Papernot & Steinke's repeat-and-select bound (K drawn by dpfl, best trial only);
+* :mod:`tuning.report` — ``dpfl report``, its figures and pandas helpers
+  (``load_rounds``, ``load_trials``, ``best_trials``, ``summary_table``).
 
-Each trial's ε excludes hyperparameter selection; ``tuning_epsilon`` gives the cost
-of releasing the best trial (Papernot & Steinke 2022).
+Each trial's ε excludes hyperparameter selection; the report's
+``epsilon_with_tuning`` includes it, by the rule named in ``tuning_accounting``.
 """

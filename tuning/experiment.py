@@ -6,6 +6,15 @@ from it. Results land in ``DIR/rounds/`` (one Parquet dataset partitioned by
 algorithm and ε, one row per trial-round) and ``DIR/trials.parquet`` (one row per
 trial). ``--resume`` restores unfinished experiments with Tune's restore; trials
 continue from their last checkpoint and re-write the same (trial, round) files.
+
+``tuning_privacy`` picks how many trials run and what is released
+(:mod:`tuning.selection`): ``compose`` runs ``num_samples`` trials per (algorithm, ε)
+and accounts all of them; ``poisson`` / ``truncated_negative_binomial`` draw the
+number of trials K per (algorithm, ε) here (from the experiment seed's
+``TUNING_COUNT`` stream, or from OS entropy with ``privacy.secure_noise``), keep it in
+``unreleased/tuning_draws.json`` (for ``--resume``; K must not be published), run
+exactly K random-search trials and mark only the best one ``released`` in
+``trials.parquet``.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import pandas as pd
 
 from engine.config import ConfigError, RunConfig, load_config, read_yaml_mapping, replace
 from engine.executors import ensure_ray
+from tuning import selection
 from tuning.spaces import space_for, to_tune
 from tuning.trial import column_names, make_trainable, rounds_dir
 
@@ -100,6 +110,8 @@ def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFra
     from tuning.report import load_rounds
     from tuning.trial import hyperparameter_columns
 
+    if not (out / "rounds").is_dir():  # every cell drew K = 0
+        return pd.DataFrame(columns=["trial_id", "algorithm", "epsilon_budget", "status"])
     rounds = load_rounds(out)
     hp_cols = [
         c
@@ -122,11 +134,82 @@ def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFra
             f"final_{metric}": float(evaluated.iloc[-1]) if len(evaluated) else math.nan,
             f"best_{metric}": float(evaluated.max()) if len(evaluated) else math.nan,
             "wall_time_s_nonprivate": float(last["wall_time_s_nonprivate"]),
+            "trial_seed": int(last["trial_seed"]) if "trial_seed" in g else -1,
         }
         for c in hp_cols:
             row[c] = last[c]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def trial_counts(
+    out: Path,
+    algorithms: list[str],
+    epsilons: list[float],
+    config: RunConfig,
+    num_samples: int,
+    mode: str,
+    shape: float,
+    resume: bool,
+) -> dict[str, int]:
+    """Trials per (algorithm, ε): ``num_samples`` under composition, else K drawn per
+    cell with mean ``num_samples`` (kept in ``unreleased/tuning_draws.json`` so that a
+    resumed experiment runs the same K; that file is never to be published)."""
+    import json
+    import zlib
+
+    from engine import rng as rngs
+
+    names = [experiment_name(a, e) for a in algorithms for e in epsilons]
+    if not selection.is_papernot_steinke(mode):
+        return dict.fromkeys(names, num_samples)
+    path = out / "unreleased" / "tuning_draws.json"
+    saved: dict[str, int] = {}
+    if resume and path.is_file():
+        record = json.loads(path.read_text())
+        if record.get("mode") == mode and record.get("mean") == num_samples:
+            saved = {k: int(v) for k, v in record["num_trials"].items()}
+    counts: dict[str, int] = {}
+    for a in algorithms:
+        for e in epsilons:
+            name = experiment_name(a, e)
+            if name in saved:
+                counts[name] = saved[name]
+                continue
+            rng = None  # release mode: K from OS entropy, never derivable from the seed
+            if not config.privacy.secure_noise:
+                key = zlib.crc32(f"{a}|{e:g}".encode())
+                rng = rngs.numpy_rng(config.seed, rngs.TUNING_COUNT, key)
+            counts[name] = selection.draw_num_trials(mode, num_samples, shape, rng)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(
+        json.dumps({"mode": mode, "mean": num_samples, "shape": shape, "num_trials": counts})
+    )
+    os.replace(tmp, path)
+    return counts
+
+
+def mark_released(
+    trials: pd.DataFrame, metric: str, mode: str, num_samples: int, shape: float
+) -> pd.DataFrame:
+    """Record the tuning rule and which trials are released: all under composition
+    (all are accounted), only the best finished trial per (algorithm, ε) by final
+    ``metric`` under Papernot-Steinke (the only one that may be published)."""
+    trials = trials.copy()
+    trials["tuning_privacy"] = mode
+    trials["tuning_mean_trials"] = float(num_samples)
+    trials["tuning_shape"] = float(shape) if mode == selection.TNB else math.inf
+    if not selection.is_papernot_steinke(mode) or trials.empty:
+        trials["released"] = True
+        return trials
+    trials["released"] = False
+    col = f"final_{metric}"
+    ok = trials[trials["status"] == "TERMINATED"].dropna(subset=[col])
+    if not ok.empty:
+        best = ok.groupby(["algorithm", "epsilon_budget"])[col].idxmax()
+        trials.loc[best.to_numpy(), "released"] = True
+    return trials
 
 
 def run_tune(
@@ -142,8 +225,15 @@ def run_tune(
     resume: bool = False,
     smoke_test: bool = False,
     overrides: list[str] | None = None,
+    tuning_privacy: str = "compose",
+    tnb_shape: float = 1.0,
 ) -> pd.DataFrame:
-    """Run (or resume) the experiment; return the trials table (also written)."""
+    """Run (or resume) the experiment; return the trials table (also written).
+
+    ``tuning_privacy`` (:mod:`tuning.selection`): ``compose`` (default), or a
+    Papernot-Steinke rule (``poisson``, ``truncated_negative_binomial`` with shape
+    ``tnb_shape``) under which K is drawn here with mean ``num_samples`` and only the
+    best trial of each (algorithm, ε) is released."""
     from ray import tune
 
     out = Path(out).resolve()
@@ -161,6 +251,18 @@ def run_tune(
     if not epsilons or any(e <= 0 for e in epsilons):
         raise ConfigError(f"--epsilons={epsilons}: each must be > 0")
     spaces = {a: space_for(a, tune_section.get("space")) for a in algorithms}
+    try:
+        for a in algorithms:
+            selection.check_mode(
+                tuning_privacy,
+                search=search,
+                scheduler=scheduler,
+                max_cohort=config.sampling.max_cohort,
+                space_keys=list(spaces[a]),
+                shape=tnb_shape,
+            )
+    except selection.TuningPrivacyError as e:
+        raise ConfigError(str(e)) from None
     from engine.simulate import plan_privacy
 
     for a in algorithms:  # every budget must be reachable before any work starts
@@ -172,6 +274,9 @@ def run_tune(
             )
     ensure_ray(config.ray)
     out.mkdir(parents=True, exist_ok=True)
+    counts = trial_counts(
+        out, algorithms, epsilons, config, num_samples, tuning_privacy, tnb_shape, resume
+    )
     head = float(tune_section.get("head_cpus", HEAD_CPUS))
     bundles = [{"CPU": head}] + [
         {"CPU": config.ray.num_cpus_per_worker, "GPU": config.ray.num_gpus_per_worker}
@@ -214,6 +319,11 @@ def run_tune(
         for e in epsilons:
             name = experiment_name(a, e)
             own_sampling = search == "random"
+            n_trials = counts[name]
+            if n_trials == 0:  # Poisson K = 0: nothing runs, nothing is released
+                shutil.rmtree(rounds_dir(out, a, e), ignore_errors=True)
+                print(f"{name}: no trial (the random number of trials was 0)", flush=True)
+                continue
             trainable = tune.with_resources(
                 make_trainable(
                     config.to_dict(),
@@ -239,7 +349,7 @@ def run_tune(
                 shutil.rmtree(path, ignore_errors=True)
                 shutil.rmtree(out / "tune" / f"{name}-rest", ignore_errors=True)
                 space = (
-                    {"sample": tune.grid_search(list(range(num_samples)))}
+                    {"sample": tune.grid_search(list(range(n_trials)))}
                     if own_sampling
                     else to_tune(spaces[a])
                 )
@@ -250,7 +360,7 @@ def run_tune(
                 # Tune can lose grid trials that were not yet in its experiment snapshot
                 # when the driver was killed: run exactly the missing sample indices.
                 seen = {int((r.config or {}).get("sample", -1)) for r in results}
-                missing = [k for k in range(num_samples) if k not in seen]
+                missing = [k for k in range(n_trials) if k not in seen]
                 rest_path = out / "tune" / f"{name}-rest"
                 if missing and resume and tune.Tuner.can_restore(str(rest_path)):
                     rest = tune.Tuner.restore(
@@ -270,6 +380,7 @@ def run_tune(
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
     trials = trials_table(out, statuses, metric)
     trials["epsilon_excludes_tuning"] = True
+    trials = mark_released(trials, metric, tuning_privacy, num_samples, tnb_shape)
     tmp = out / ".trials.parquet.tmp"
     trials.to_parquet(tmp, index=False)
     os.replace(tmp, out / "trials.parquet")

@@ -10,8 +10,17 @@ trial's own file. Checkpoint before release: a restored trial never recomputes a
 whose row was written (a recomputation need not be bit-identical on a GPU, and two
 releases of one round with different noise would cost more than one round's ε).
 
+Independent trials: trial k of (algorithm, ε) runs with its own seed,
+:func:`trial_seed` (``engine.rng`` stream ``TRIAL_SEED`` keyed by the experiment seed,
+algorithm, ε and k), recorded as ``trial_seed`` in its rows. Cohorts, noise, model
+initialisation and minibatch order therefore differ between trials (two trials with
+one seed would share their noise, and the difference of their models would be
+noiseless). The data set is the experiment's: it is built from the experiment seed
+(``data_seed``), so every trial tunes on the same clients.
+
 Privacy note: each trial's ε is the ε of *that* trial alone. Selecting the best
-trial on the same private data costs more (see ``tuning.report.tuning_epsilon``).
+trial on the same private data costs more (see ``tuning.report.tuning_epsilon`` and
+the README's "privacy cost of tuning").
 """
 
 from __future__ import annotations
@@ -80,6 +89,24 @@ def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -
     return path
 
 
+def trial_seed(experiment_seed: int, algorithm: str, epsilon: float, index: int) -> int:
+    """The run seed of trial ``index`` of (algorithm, ε): an ``engine.rng`` stream of its
+    own, so no two trials share noise or cohorts (and none shares the experiment's)."""
+    from engine import rng as rngs
+
+    key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
+    return rngs.derive_seed(experiment_seed, rngs.TRIAL_SEED, key, int(index))
+
+
+def trial_index(params: dict[str, Any], trial_id: str) -> int:
+    """Trial k: the random-search sample index, else the counter in Tune's trial id
+    (``<hash>_00003``), else a hash of the id (still distinct per trial)."""
+    if "sample" in params:
+        return int(params["sample"])
+    tail = trial_id.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else zlib.crc32(trial_id.encode())
+
+
 def trial_checkpoint_path(out: str | Path, trial_id: str) -> Path:
     """The trial's own round checkpoint (model, server and per-client state, incl.
     personal heads: not a release artefact), rewritten before every row."""
@@ -111,12 +138,17 @@ def make_trainable(
     def trainable(params: dict[str, Any]) -> None:
         from ray import tune
 
+        from engine import rng as rngs
         from engine.config import replace
-        from engine.simulate import simulate
+        from engine.data import build_dataset
+        from engine.simulate import sampling_spec, simulate
 
         hps = dict(params)
+        ctx = tune.get_context()
+        trial_id, trial_name = ctx.get_trial_id(), ctx.get_trial_name()
+        index = trial_index(hps, trial_id)
+        seed = trial_seed(int(base["seed"]), algorithm, epsilon, index)
         if space is not None:
-            from engine import rng as rngs
             from tuning.spaces import sample
 
             key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
@@ -131,8 +163,18 @@ def make_trainable(
             },
             **hps,
         )
-        ctx = tune.get_context()
-        trial_id, trial_name = ctx.get_trial_id(), ctx.get_trial_name()
+        # Same clients for every trial (experiment seed), own randomness (trial seed).
+        dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
+        spec = sampling_spec(config)
+        event_columns = {  # what tuning.report needs to rebuild the trial's DpEvent
+            "trial_index": index,
+            "trial_seed": seed,
+            "data_seed": config.seed,
+            "num_clients": spec.num_clients,
+            "max_cohort": spec.max_cohort if spec.max_cohort is not None else math.nan,
+            "rounds_planned": config.rounds,
+        }
+        config = replace(config, seed=seed)
         resume = None
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:
@@ -173,12 +215,18 @@ def make_trainable(
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
 
         def on_round(row: dict, executor) -> None:
-            full = {**row, "trial_id": trial_id, **{names[k]: v for k, v in hps.items()}}
+            full = {
+                **row,
+                **event_columns,
+                "trial_id": trial_id,
+                **{names[k]: v for k, v in hps.items()},
+            }
             write_round(out, full, columns)
 
         simulate(
             config,
             write=False,
+            dataset=dataset,
             resume=resume,
             on_round=on_round,
             on_checkpoint=on_checkpoint,

@@ -2,7 +2,7 @@
 
 These are local computations on a client's own data before clipping; they change what
 the client's update is, not how it is clipped or noised, and so have no privacy effect
-by themselves (ALGORITHMS.md §0 rule 4).
+by themselves (docs/algorithms.md §0 rule 4).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def blur_loss(
     lam: float,
     clip_norm: float,
 ) -> torch.Tensor:
-    """BLUR bounded-update regulariser (Cheng et al., CVPR 2022; ALGORITHMS.md §2).
+    """BLUR bounded-update regulariser (Cheng et al., CVPR 2022; docs/algorithms.md §2).
 
     Returns (λ/2)·max(0, ‖w − x^t‖² − C²), where w is the flattened local model (all
     trainable tensors together) and x^t the round's global model. The result is a

@@ -1,4 +1,4 @@
-"""Laplacian smoothing of the noisy aggregate (DP-Fed-LS, ALGORITHMS.md §4).
+"""Laplacian smoothing of the noisy aggregate (DP-Fed-LS, docs/algorithms.md §4).
 
 The server replaces the noisy average update ``v`` by ``ṽ = A⁻¹ v`` with
 ``A = I + σ_ls·L``, where ``L`` is the Laplacian of the 1-D cycle graph on the ``n``
@@ -10,7 +10,7 @@ circulant, so it is diagonalised by the discrete Fourier transform and
 Properties relied on by the recipes and checked by the tests:
 
 * **No privacy cost.** Smoothing is post-processing of the already-noised aggregate
-  (ALGORITHMS.md §0 rule 4); it never touches un-noised client data.
+  (docs/algorithms.md §0 rule 4); it never touches un-noised client data.
 * **The mean is preserved.** The k = 0 Fourier coefficient is divided by 1, so
   ``ṽ.sum() == v.sum()`` up to rounding.
 * ``σ_ls = 0`` is the identity; for ``n ≥ 3`` the FFT result equals solving

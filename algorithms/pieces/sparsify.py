@@ -1,6 +1,6 @@
-"""Sparsification of client updates: top-k, rand-k and LUS (ALGORITHMS.md §2, §3, §5).
+"""Sparsification of client updates: top-k, rand-k and LUS (docs/algorithms.md §2, §3, §5).
 
-Privacy rule (ALGORITHMS.md §0 rule 4): a **data-dependent** mask — top-k by ``|Δ|``
+Privacy rule (docs/algorithms.md §0 rule 4): a **data-dependent** mask — top-k by ``|Δ|``
 (:func:`topk_mask`, :func:`keep_topk`) or LUS by ``|∇f·Δ|`` (:func:`lus_sparsify`) —
 must never decide *where* noise is added. Such masks are local computation before
 clipping, and the Gaussian noise then still covers all ``d`` coordinates (or they are
@@ -159,7 +159,7 @@ def lus_sparsify(delta: torch.Tensor, grad: torch.Tensor, sparsity: float) -> to
     estimate of the change in local loss when ``w_j`` is reset to ``x^t_j``). The top
     ``k = num_kept(d, 1 − c)`` coordinates by importance are kept (ties: lower index),
     the rest are zeroed. This is local computation **before clipping**; the noise still
-    covers all ``d`` coordinates (ALGORITHMS.md §0 rule 4) — never use this mask to
+    covers all ``d`` coordinates (docs/algorithms.md §0 rule 4) — never use this mask to
     restrict noise.
 
     Args:

@@ -1,7 +1,7 @@
 """Local-step gradient rules: plain gradients, SAM/ASAM and DP-FedPGN.
 
 Every function here is a local computation on a client's own data, before the update is
-clipped and noised; none has any privacy effect by itself (ALGORITHMS.md §0). They are
+clipped and noised; none has any privacy effect by itself (docs/algorithms.md §0). They are
 pure functions over a list of trainable parameters ``params = [p for p in
 model.parameters() if p.requires_grad]`` and a closure that evaluates the minibatch loss
 at the model's current parameters. Gradients are returned as detached tensors aligned
@@ -85,7 +85,7 @@ def sam_perturbation(
     """SAM ascent step e (Foret et al. 2021) or its adaptive form ASAM (Kwon et al. 2021).
 
     Plain SAM: e = ρ·g/‖g‖₂, the norm taken over all tensors together, so ‖e‖ = ρ.
-    ASAM (ALGORITHMS.md §5): e = ρ·T_w²·g/‖T_w·g‖₂ with T_w = |w| elementwise, so e lies
+    ASAM (docs/algorithms.md §5): e = ρ·T_w²·g/‖T_w·g‖₂ with T_w = |w| elementwise, so e lies
     on the boundary of the ASAM ball ‖T_w⁻¹·e‖ = ρ. ``eps`` is added to the denominator;
     ρ = 0 or a zero (ASAM: zero T_w·g) direction gives zeros.
 
@@ -122,7 +122,7 @@ def sam_perturbation(
 def sam_gradients(
     params: list[torch.Tensor], closure: LossFn, rho: float, asam: bool
 ) -> tuple[float, list[torch.Tensor]]:
-    """SAM/ASAM gradient ∇F(w + e) for one local step (ALGORITHMS.md §5).
+    """SAM/ASAM gradient ∇F(w + e) for one local step (docs/algorithms.md §5).
 
     Computes g = ∇F(w), e = :func:`sam_perturbation` (g), evaluates the gradient at
     w + e and restores w bit-exactly. The caller then steps w ← w − η·∇F(w + e) with its
@@ -160,7 +160,7 @@ def pgn_gradients(
     rho: float,
     g_tilde: list[torch.Tensor] | None,
 ) -> tuple[float, list[torch.Tensor]]:
-    """DP-FedPGN local direction (Liu et al.; ALGORITHMS.md §7).
+    """DP-FedPGN local direction (Liu et al.; docs/algorithms.md §7).
 
     δ = ρ·g̃/‖g̃‖ (δ = 0 when g̃ is None, zero, or ρ = 0), then
     g = β·∇F(w + δ) + (1 − β)·g̃, with g̃ taken as zeros when None. g̃ is the server's

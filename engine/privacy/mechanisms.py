@@ -1,6 +1,6 @@
 """The Gaussian mechanism on client updates: sanitise, clip, noise — pure functions.
 
-Privacy assumptions (ALGORITHMS.md §0):
+Privacy assumptions (docs/algorithms.md §0):
 
 * Unit of privacy: a client. Its whole flattened update Δ_i (all trainable tensors
   together) is clipped to L2 norm C, so adding or removing one client changes the
@@ -139,7 +139,7 @@ def privatize_sum(
         generator: The round's noise stream, or a :class:`SecureRandom`.
         support: Optional 0/1 multiplier restricting where noise lands. It must be
             public (a rand-k mask from the run's seed, or the shared/personal split):
-            a data-dependent support would reveal the data (ALGORITHMS.md §0 rule 4).
+            a data-dependent support would reveal the data (docs/algorithms.md §0 rule 4).
     """
     if denominator <= 0:
         raise ValueError(f"denominator={denominator} must be > 0")

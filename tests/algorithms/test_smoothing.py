@@ -1,4 +1,4 @@
-"""Laplacian smoothing (ALGORITHMS.md §4): the FFT operator against a dense solve."""
+"""Laplacian smoothing (docs/algorithms.md §4): the FFT operator against a dense solve."""
 
 from __future__ import annotations
 

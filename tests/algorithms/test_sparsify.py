@@ -1,4 +1,4 @@
-"""Sparsification pieces (ALGORITHMS.md §2, §3, §5): top-k, rand-k, LUS."""
+"""Sparsification pieces (docs/algorithms.md §2, §3, §5): top-k, rand-k, LUS."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for engine.privacy.mechanisms and the server's noise path (ALGORITHMS.md §0).
+"""Tests for engine.privacy.mechanisms and the server's noise path (docs/algorithms.md §0).
 
 Noise is checked by measuring it: on an all-zero sum the privatised output is pure
 noise / denominator, whose standard deviation must be z·C/denominator and whose

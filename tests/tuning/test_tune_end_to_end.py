@@ -57,8 +57,15 @@ def test_smoke_tune_writes_the_expected_dataset(ray_session, tmp_path) -> None:
     run_tune(None, ALGS, EPS, num_samples=SAMPLES, out=out, smoke_test=True)
     df = check_experiment(out, rounds=2)
     assert set(df["algorithm"]) == set(ALGS)
+    # every trial has its own seed (its own noise and cohorts), recorded in rows and table
+    trials = load_trials(out)
+    assert trials["trial_seed"].is_unique and (trials["trial_seed"] != 0).all()
+    assert (df.groupby("trial_id")["trial_seed"].nunique() == 1).all()
+    assert (df["data_seed"] == 0).all()
+    assert trials["released"].all() and (trials["tuning_privacy"] == "compose").all()
     text = write_report(out)
     assert "epsilon_with_tuning" in text
+    assert f"composition of {SAMPLES} trials (RDP)" in text
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 1000
     assert (out / "accuracy_vs_round.png").stat().st_size > 1000
 
@@ -106,3 +113,32 @@ def test_interrupted_tune_resumes_without_duplicates(tmp_path) -> None:
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     check_experiment(out, rounds=3)
+
+
+def test_papernot_steinke_tune_runs_the_drawn_number_and_releases_one(ray_session, tmp_path):
+    import json
+
+    from tuning.experiment import run_tune
+
+    out = tmp_path / "exp"
+    run_tune(
+        None,
+        ["dp_fedavg"],
+        [4.0],
+        num_samples=2,
+        out=out,
+        smoke_test=True,
+        tuning_privacy="truncated_negative_binomial",
+        tnb_shape=1.0,
+    )
+    draws = json.loads((out / "unreleased" / "tuning_draws.json").read_text())
+    k = draws["num_trials"]["dp_fedavg-eps4"]
+    trials = load_trials(out)
+    assert len(trials) == k >= 1
+    assert trials["released"].sum() == 1
+    best = trials.loc[trials["final_test_accuracy"].idxmax(), "trial_id"]
+    assert trials.loc[trials["released"], "trial_id"].item() == best
+    text = write_report(out)
+    assert "Papernot-Steinke truncated negative binomial(eta 1, mean 2)" in text
+    others = set(trials["trial_id"]) - {best}
+    assert best in text and not any(t in text for t in others)
