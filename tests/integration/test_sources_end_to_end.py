@@ -59,6 +59,7 @@ def test_shakespeare_char_lstm(tmp_path) -> None:
     )
     res = simulate(cfg, write=False)
     assert len(res.rounds) == 2 and np.isfinite(res.weights).all()
+    assert (res.rounds["eval_source"] == "public: 1 held-out writers/roles").all()
     assert 0.0 <= res.final_accuracy <= 1.0 and res.final_epsilon > 0
 
 
@@ -91,4 +92,5 @@ def test_mnist_layout_cnn(tmp_path, partition: str) -> None:
     )
     res = simulate(cfg, write=False)
     assert res.rounds["test_accuracy"].notna().all()
+    assert (res.rounds["eval_source"] == "public: official test split").all()
     assert len(res.weights) == 1_663_370  # the FedAvg CNN on 28x28x1, 10 classes
