@@ -67,8 +67,8 @@ class WorkerProbe:
 
 def steady_rate(rows) -> tuple[float, float, int]:
     """(clients/s over rounds 2..R, seconds of round 1, client updates of rounds 2..R)
-    from the rounds table (``wall_time_s`` is cumulative)."""
-    wall = rows["wall_time_s"].to_numpy(dtype=float)
+    from the rounds table (``wall_time_s_nonprivate`` is cumulative)."""
+    wall = rows["wall_time_s_nonprivate"].to_numpy(dtype=float)
     updates = rows["realised_cohort_size_nonprivate"].to_numpy(dtype=float)
     first = float(wall[0])
     if len(wall) < 2:

@@ -33,8 +33,10 @@ from typing import Any
 
 from engine.config import ConfigError, RunConfig, load_config
 
-#: Metrics a Tune trial reports and ``dpfl tune`` can maximise.
-TUNE_METRICS = ("test_accuracy", "personal_accuracy")
+#: Metrics a Tune trial reports and ``dpfl tune`` can maximise. Only public ones (measured
+#: on the public evaluation set) unless ``--allow-nonprivate-metric``: selecting or
+#: stopping trials on clients' data leaks it beyond ε (README, "Privacy model").
+TUNE_METRICS = ("test_accuracy", "personal_accuracy_nonprivate")
 RAY_LOG = "ray.log"
 #: Read by :func:`engine.executors.ensure_ray`: "0" keeps workers' output off the console.
 LOG_TO_DRIVER_ENV = "DPFL_RAY_LOG_TO_DRIVER"
@@ -463,6 +465,12 @@ def _tune(args: argparse.Namespace) -> int:
 
     algorithms = parse_algorithms(args.algorithms)
     epsilons = _floats(args.epsilons, "--epsilons")
+    if args.metric.endswith("_nonprivate") and not args.allow_nonprivate_metric:
+        raise ConfigError(
+            f"--metric={args.metric}: computed from clients' own data, so selecting (or ASHA "
+            "stopping) trials on it is not covered by epsilon; pass "
+            "--allow-nonprivate-metric to tune on it anyway, or use --metric test_accuracy"
+        )
     if args.search in ("optuna", "hyperopt") and importlib.util.find_spec(args.search) is None:
         raise ConfigError(
             f"--search={args.search}: the {args.search} package is not installed "
@@ -731,6 +739,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="shape eta of the truncated negative binomial (0 = logarithmic, 1 = geometric)",
     )
     tu.add_argument("--metric", choices=TUNE_METRICS, default="test_accuracy")
+    tu.add_argument(
+        "--allow-nonprivate-metric",
+        action="store_true",
+        help="let --metric be a *_nonprivate metric (selection then leaks clients' data)",
+    )
     tu.add_argument(
         "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
     )

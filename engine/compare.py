@@ -82,11 +82,11 @@ def run(configs: list[RunConfig], out: Path, progress: bool = True) -> pd.DataFr
                 "noise_multiplier": res.privacy["noise_multiplier"],
                 "final_accuracy": res.final_accuracy,
                 "best_accuracy": float(acc.max()) if len(acc) else math.nan,
-                "wall_time_s": time.perf_counter() - t0,
+                "wall_time_s_nonprivate": time.perf_counter() - t0,
             }
-            if "personal_accuracy" in res.rounds:
-                pa = res.rounds["personal_accuracy"].dropna()
-                row["personal_accuracy"] = float(pa.iloc[-1]) if len(pa) else math.nan
+            if "personal_accuracy_nonprivate" in res.rounds:
+                pa = res.rounds["personal_accuracy_nonprivate"].dropna()
+                row["personal_accuracy_nonprivate"] = float(pa.iloc[-1]) if len(pa) else math.nan
             for col in AUDIT_COLUMNS:  # the canary audit's diagnostics, beside ε
                 if col in res.rounds:
                     row[col] = float(res.rounds[col].iloc[-1])
@@ -114,7 +114,7 @@ def compare(
     return summarize(run(configs, Path(out), progress))
 
 
-METRICS = ("final_accuracy", "best_accuracy", "personal_accuracy")
+METRICS = ("final_accuracy", "best_accuracy", "personal_accuracy_nonprivate")
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -142,9 +142,9 @@ def format_table(summary: pd.DataFrame) -> str:
         "noise_multiplier",
         "final_accuracy",
         "best_accuracy",
-        "personal_accuracy",
+        "personal_accuracy_nonprivate",
         *AUDIT_COLUMNS,
-        "wall_time_s",
+        "wall_time_s_nonprivate",
     ]
     cols = [c for c in cols if c in summary]
     shown = summary[cols].copy()

@@ -46,6 +46,7 @@ class DatasetConfig:
     synthetic_dim: int = 60
     synthetic_classes: int = 10
     synthetic_mean_samples: int = 60
+    public_eval_clients: int | None = None
 
     def __post_init__(self) -> None:
         names = (
@@ -87,6 +88,20 @@ class DatasetConfig:
             self.synthetic_mean_samples,
             "must be >= 4",
         )
+        _check(
+            self.public_eval_clients is None or self.public_eval_clients >= 1,
+            "dataset.public_eval_clients",
+            self.public_eval_clients,
+            "must be >= 1 (or null for the default, ceil(N/10))",
+        )
+
+    @property
+    def num_public_eval_clients(self) -> int:
+        """Held-out clients (synthetic) or writers/roles (LEAF) forming the public
+        evaluation set: ``public_eval_clients``, or ceil(N/10) when it is null."""
+        if self.public_eval_clients is not None:
+            return self.public_eval_clients
+        return -(-self.num_clients // 10)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,6 +33,10 @@ KEY_HELP: dict[str, str] = {
     "dataset.synthetic_dim": "Synthetic: input dimension",
     "dataset.synthetic_classes": "Synthetic: number of classes",
     "dataset.synthetic_mean_samples": "Synthetic: mean client size (log-normal)",
+    "dataset.public_eval_clients": (
+        "synthetic/LEAF: clients (writers) held out of the population as the public "
+        "test set; null: ceil(N/10)"
+    ),
     "model.name": "logreg, mlp, cnn, resnet10_gn, resnet18_gn, char_lstm",
     "model.memory_format": "auto, contiguous or channels_last (conv layout; same maths)",
     "sampling.mode": "poisson (each client joins with prob. rate) or fixed (cohort_size)",
@@ -40,7 +44,9 @@ KEY_HELP: dict[str, str] = {
     "sampling.cohort_size": "m clients per round for sampling.mode=fixed",
     "sampling.max_cohort": "hard cap on Poisson cohorts (truncated Poisson, PLD accountant)",
     "eval.every": "evaluate the global model every k rounds and at the last round",
-    "eval.membership_inference": "add the loss-threshold attack AUC (mia_auc) at the end",
+    "eval.membership_inference": (
+        "add the loss-threshold attack AUC (mia_auc_nonprivate) at the end"
+    ),
     "eval.audit_canaries": "K > 0: K canary clients join the population; the run reports "
     "the one-shot empirical epsilon estimate (an estimate, not a guarantee)",
     "eval.audit_every_round": "audit with every round's released update, not only the final "

@@ -5,6 +5,11 @@ members (examples some client trained on) tend to have lower loss than held-out
 examples from the same distribution. Its AUC over equal numbers of both is
 P(loss(non-member) > loss(member)) (+½ for ties); 0.5 means no leakage. The AUC is
 a measurement on the released model, not a privacy guarantee.
+
+Privacy of the outputs (README, "Privacy model"): :func:`evaluate` on the dataset's
+global test set is public, since that set holds no data of the population's clients
+(:mod:`engine.data`). The attack AUC reads clients' training and held-out examples,
+so it is reported as ``mia_auc_nonprivate``, an operator diagnostic.
 """
 
 from __future__ import annotations
@@ -109,7 +114,9 @@ def auc_lower_is_member(member_scores: np.ndarray, nonmember_scores: np.ndarray)
 
 
 def membership_inference_auc(model: nn.Module, dataset: FederatedDataset, seed: int) -> float:
-    """Loss-threshold attack AUC on equal numbers of training and held-out examples."""
+    """Loss-threshold attack AUC on equal numbers of training and held-out examples.
+
+    Not private: computed from clients' own data (the ``mia_auc_nonprivate`` column)."""
     members = np.concatenate(dataset.client_train) if dataset.client_train else np.zeros(0)
     held = np.concatenate(dataset.client_test) if dataset.client_test else np.zeros(0)
     k = min(len(members), len(held), MIA_MAX_SAMPLES)

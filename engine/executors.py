@@ -131,9 +131,9 @@ class LocalExecutor:
         if self.personal and self.server.is_eval_round(rnd):
             weights = self.server.get_weights()
             correct, total = self.worker.personal_eval(weights, np.arange(self.num_clients))
-            row["personal_accuracy"] = correct / total if total else float("nan")
+            row["personal_accuracy_nonprivate"] = correct / total if total else float("nan")
         elif self.personal:
-            row["personal_accuracy"] = float("nan")
+            row["personal_accuracy_nonprivate"] = float("nan")
         row["actor_retries_nonprivate"] = 0
         return row
 
@@ -385,7 +385,7 @@ class RayExecutor:
             )
             row["test_accuracy"], row["test_loss"] = combine_sums(sums)
         if self.personal:
-            row["personal_accuracy"] = float("nan")
+            row["personal_accuracy_nonprivate"] = float("nan")
             if eval_round:
                 k = len(self.workers)
                 results = ray.get(
@@ -396,7 +396,7 @@ class RayExecutor:
                 )
                 correct = sum(c for c, _ in results)
                 total = sum(t for _, t in results)
-                row["personal_accuracy"] = correct / total if total else float("nan")
+                row["personal_accuracy_nonprivate"] = correct / total if total else float("nan")
         return row
 
     def weights(self) -> np.ndarray:

@@ -2,22 +2,24 @@
 
 Each completed round updates, tagged by ``run``, ``trial`` and ``algorithm``:
 
-=============================  =======  =============================================
-metric (Prometheus name)       kind     value
-=============================  =======  =============================================
-dpfl_rounds_completed          counter  +1 per round
-dpfl_epsilon_spent             gauge    the accountant's cumulative ε after the round
-dpfl_test_accuracy             gauge    the last evaluated test accuracy
-dpfl_client_updates_per_second gauge    clients trained in the round / its seconds
-dpfl_seconds_per_round         gauge    wall seconds of the round
-dpfl_clipped_fraction          gauge    fraction of the round's updates that were clipped
-=============================  =======  =============================================
+=========================================  =======  ==========================================
+metric (Prometheus name)                   kind     value
+=========================================  =======  ==========================================
+dpfl_rounds_completed                      counter  +1 per round
+dpfl_epsilon_spent                         gauge    the accountant's cumulative ε
+dpfl_test_accuracy                         gauge    last test accuracy (public test set)
+dpfl_client_updates_per_second_nonprivate  gauge    clients trained in the round / its seconds
+dpfl_seconds_per_round_nonprivate          gauge    wall seconds of the round
+dpfl_clipped_fraction_nonprivate           gauge    fraction of the round's updates clipped
+=========================================  =======  ==========================================
 
 Ray exports them with a ``ray_`` prefix (e.g. ``ray_dpfl_epsilon_spent``) to the
 Prometheus endpoint of each node; the dashboard's Metrics view charts them once
 Prometheus and Grafana are attached (README, "Cluster"). The ε is the accountant's.
-The cohort size and clipped fraction are non-private operator diagnostics (the
-simulation's operator sees everything; they are never part of a released result).
+Names ending in ``_nonprivate`` are operator diagnostics computed from private data
+(README, "Privacy"): updates per second carries the realised (Poisson, hence private)
+cohort size, and round timings carry the timing of private computation; the
+simulation's operator sees everything, they are never part of a released result.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _METRICS: dict[str, Any] = {}
 
 def round_metrics(row: dict[str, Any], seconds: float) -> dict[str, float]:
     """The gauge values of one round (NaN-free: a value that is not known is omitted)."""
-    out: dict[str, float] = {"seconds_per_round": float(seconds)}
+    out: dict[str, float] = {"seconds_per_round_nonprivate": float(seconds)}
     eps = row.get("epsilon", math.nan)
     if eps is not None and math.isfinite(eps):
         out["epsilon_spent"] = float(eps)
@@ -40,10 +42,10 @@ def round_metrics(row: dict[str, Any], seconds: float) -> dict[str, float]:
         out["test_accuracy"] = float(acc)
     n = row.get("realised_cohort_size_nonprivate")
     if n is not None and seconds > 0:
-        out["client_updates_per_second"] = float(n) / seconds
+        out["client_updates_per_second_nonprivate"] = float(n) / seconds
     clipped = row.get("clipped_fraction_nonprivate", math.nan)
     if clipped is not None and not math.isnan(clipped):
-        out["clipped_fraction"] = float(clipped)
+        out["clipped_fraction_nonprivate"] = float(clipped)
     return out
 
 
@@ -57,9 +59,9 @@ def _registry() -> dict[str, Any]:
         for name, text in (
             ("epsilon_spent", "Cumulative epsilon from the accountant"),
             ("test_accuracy", "Test accuracy of the global model"),
-            ("client_updates_per_second", "Clients trained per second"),
-            ("seconds_per_round", "Wall seconds per round"),
-            ("clipped_fraction", "Fraction of client updates clipped (non-private)"),
+            ("client_updates_per_second_nonprivate", "Clients trained per second"),
+            ("seconds_per_round_nonprivate", "Wall seconds per round"),
+            ("clipped_fraction_nonprivate", "Fraction of client updates clipped (non-private)"),
         ):
             _METRICS[name] = Gauge(f"dpfl_{name}", description=text, tag_keys=TAG_KEYS)
     return _METRICS

@@ -254,7 +254,7 @@ class Server:
                 mia = membership_inference_auc(self.model, self.dataset, spec.seed)
         row["test_accuracy"], row["test_loss"] = acc, loss
         if spec.membership_inference:
-            row["mia_auc"] = mia
+            row["mia_auc_nonprivate"] = mia
         return row
 
     def _adapt_clip_norm(self, rnd: int, total: PartialSum) -> dict:

@@ -392,6 +392,7 @@ def simulate(
         "algorithm": config.algorithm,
         "dataset": config.dataset.name,
         "model": config.model.name,
+        "eval_source": prep.dataset.meta.get("eval_source", "public"),
         "seed": config.seed,
         "randomness": plan.randomness,
         "delta": plan.delta,
@@ -452,7 +453,7 @@ def simulate(
             t_round = time.perf_counter()
             row = executor.run_round(rnd)
             row.update(static)
-            row["wall_time_s"] = time.perf_counter() - t0
+            row["wall_time_s_nonprivate"] = time.perf_counter() - t0
             if not math.isnan(row["test_accuracy"]):
                 last_acc = row["test_accuracy"]
             # Checkpoint, then release: a crash after the release resumes from this

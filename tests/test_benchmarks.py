@@ -177,7 +177,7 @@ def test_gpu_scaling_counts_steady_clients_per_second_after_round_one() -> None:
 
     scaling = _load_scaling()
     rows = pd.DataFrame(
-        {"wall_time_s": [4.0, 6.0, 9.0], "realised_cohort_size_nonprivate": [50, 4, 6]}
+        {"wall_time_s_nonprivate": [4.0, 6.0, 9.0], "realised_cohort_size_nonprivate": [50, 4, 6]}
     )
     rate, first, n = scaling.steady_rate(rows)
     assert (rate, first, n) == (10 / 5.0, 4.0, 10)

@@ -90,6 +90,10 @@ CASES = {
     "tune bad epsilons": (["tune", "--epsilons", "1,x"], ["--epsilons='1,x'"]),
     "tune unknown algorithm": (["tune", "--algorithms", "nope"], ["nope"]),
     "tune metric": (["tune", "--metric", "foo"], ["'foo'"]),
+    "tune nonprivate metric": (
+        ["tune", "--metric", "personal_accuracy_nonprivate", "--out", "t"],
+        ["personal_accuracy_nonprivate", "--allow-nonprivate-metric"],
+    ),
     "tune yaml syntax": (["tune", "--config", "bad.yaml", "--out", "t"], ["bad.yaml", "line 2"]),
     "tune unknown tune key": (["tune", "--config", "badtune.yaml", "--out", "t"], ["spaces"]),
     "tune unknown config key": (["tune", "--set", "foo=1", "--out", "t"], ["foo"]),

@@ -29,7 +29,7 @@ REQUIRED = {
     "clip_norm",
     "sampling_rate",
     "cohort_size",
-    "wall_time_s",
+    "wall_time_s_nonprivate",
     "mean_update_norm_nonprivate",
     "clipped_fraction_nonprivate",
     "sampling",
@@ -176,7 +176,14 @@ def test_load_flat_copies_instead_of_aliasing() -> None:
 
 
 def test_dp_training_learns_on_synthetic() -> None:
-    """A real private run improves test accuracy well above chance (10 classes)."""
+    """A real private run learns the population's data: on the clients' own held-out
+    splits (non-private, measured here by the test, never a run column) accuracy is
+    well above chance (10 classes). Synthetic(α, β) clients share no labelling
+    function (W_k's common offset u_k cancels in the argmax), so the public test set
+    of unseen clients stays near chance and is not what this test measures."""
+    from engine.evaluation import evaluate
+    from engine.simulate import prepare
+
     cfg = load_config(
         overrides=[
             "ray.executor=local",
@@ -187,8 +194,14 @@ def test_dp_training_learns_on_synthetic() -> None:
         ]
     )
     res = simulate(cfg, write=False)
-    assert res.final_accuracy > 0.25
+    ds = prepare(cfg).dataset
+    model = build_model(cfg.model.name, ds.input_shape, ds.num_classes)
+    load_flat_(model, torch.from_numpy(res.weights))
+    held = np.concatenate(ds.client_test)
+    acc, _ = evaluate(model, ds.x_train[held], ds.y_train[held])
+    assert acc > 0.25
     assert res.final_epsilon <= 8
+    assert res.rounds["eval_source"].iloc[-1] == "public: 60 held-out clients"
 
 
 @pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp2_fedsam", "dp_fedpgn"])
@@ -212,7 +225,7 @@ def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> 
     resumed = simulate(cfg, write=False, resume=saved)
     assert np.array_equal(full.weights, resumed.weights)
     assert list(resumed.rounds["round"]) == [3, 4]
-    cols = [c for c in full.rounds.columns if c != "wall_time_s"]
+    cols = [c for c in full.rounds.columns if c != "wall_time_s_nonprivate"]
     pd.testing.assert_frame_equal(
         full.rounds[cols].iloc[2:].reset_index(drop=True), resumed.rounds[cols]
     )

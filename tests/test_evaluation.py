@@ -39,8 +39,8 @@ def test_membership_inference_column() -> None:
         ]
     )
     df = simulate(cfg, write=False).rounds
-    assert df["mia_auc"].iloc[:-1].isna().all()
-    auc = df["mia_auc"].iloc[-1]
+    assert df["mia_auc_nonprivate"].iloc[:-1].isna().all()
+    auc = df["mia_auc_nonprivate"].iloc[-1]
     assert 0.0 <= auc <= 1.0
 
 

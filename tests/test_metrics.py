@@ -18,17 +18,17 @@ def test_round_metrics_values() -> None:
     }
     m = round_metrics(row, 1.5)
     assert m == {
-        "seconds_per_round": 1.5,
+        "seconds_per_round_nonprivate": 1.5,
         "epsilon_spent": 1.25,
         "test_accuracy": 0.5,
-        "client_updates_per_second": 20.0,
-        "clipped_fraction": 0.2,
+        "client_updates_per_second_nonprivate": 20.0,
+        "clipped_fraction_nonprivate": 0.2,
     }
 
 
 def test_unknown_values_are_omitted_not_nan() -> None:
     m = round_metrics({"epsilon": math.inf, "test_accuracy": math.nan}, 2.0)
-    assert m == {"seconds_per_round": 2.0}
+    assert m == {"seconds_per_round_nonprivate": 2.0}
 
 
 @pytest.mark.ray
@@ -56,4 +56,6 @@ def test_metrics_recorded_through_ray_with_run_tags(
     assert len(seen) == cfg.rounds
     assert [s["epsilon_spent"] for s in seen] == list(res.rounds["epsilon"])
     for s, n in zip(seen, res.rounds["realised_cohort_size_nonprivate"]):
-        assert s["client_updates_per_second"] == pytest.approx(n / s["seconds_per_round"])
+        assert s["client_updates_per_second_nonprivate"] == pytest.approx(
+            n / s["seconds_per_round_nonprivate"]
+        )

@@ -116,7 +116,7 @@ def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFra
     hp_cols = [
         c
         for c in hyperparameter_columns()
-        if c in rounds and c not in ("personal_accuracy", "mia_auc")
+        if c in rounds and c not in ("personal_accuracy_nonprivate", "mia_auc_nonprivate")
     ]
     rows = []
     for trial_id, g in rounds.groupby("trial_id", sort=True):
@@ -133,7 +133,7 @@ def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFra
             "epsilon": float(last["epsilon"]),
             f"final_{metric}": float(evaluated.iloc[-1]) if len(evaluated) else math.nan,
             f"best_{metric}": float(evaluated.max()) if len(evaluated) else math.nan,
-            "wall_time_s": float(last["wall_time_s"]),
+            "wall_time_s_nonprivate": float(last["wall_time_s_nonprivate"]),
             "trial_seed": int(last["trial_seed"]) if "trial_seed" in g else -1,
         }
         for c in hp_cols:

@@ -189,7 +189,7 @@ NOT_HYPERPARAMETERS = {
     "rounds_done",
     "noise_multiplier",
     "epsilon",
-    "wall_time_s",
+    "wall_time_s_nonprivate",
     "epsilon_excludes_tuning",
     "epsilon_with_tuning",
     "tuning_accounting",
@@ -361,7 +361,13 @@ def write_report(directory: str | Path, metric: str = "test_accuracy") -> str:
         "which excludes hyperparameter selection; `epsilon_with_tuning` includes it, by the "
         "rule in `tuning_accounting` ("
         + "; ".join(rules)
-        + ").\n\n"
+        + "). "
+        + (
+            f"The selection metric {metric} is computed from clients' data: this selection "
+            "is NOT covered by ε (--allow-nonprivate-metric).\n\n"
+            if metric.endswith("_nonprivate")
+            else f"The selection metric {metric} is public (the public evaluation set).\n\n"
+        )
         + _markdown(shown)
         + "\n\nFigures: accuracy_vs_epsilon.png (x: epsilon_with_tuning), "
         "accuracy_vs_round.png\n"

@@ -48,7 +48,9 @@ def hyperparameter_columns() -> list[str]:
     from algorithms import RECIPES
 
     names = {h for r in RECIPES.values() for h in r.hyperparameters}
-    return sorted(names | {"personal_accuracy", "mia_auc", "clip_norm", "lr", "epochs"})
+    return sorted(
+        names | {"personal_accuracy_nonprivate", "mia_auc_nonprivate", "clip_norm", "lr", "epochs"}
+    )
 
 
 def normalise(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
@@ -205,8 +207,9 @@ def make_trainable(
                 "epsilon": row["epsilon"],
                 "noise_multiplier": row["noise_multiplier"],
             }
-            if "personal_accuracy" in row and not math.isnan(row["personal_accuracy"]):
-                metrics["personal_accuracy"] = row["personal_accuracy"]
+            pa = row.get("personal_accuracy_nonprivate", math.nan)
+            if not math.isnan(pa):  # reported; tuned on only with --allow-nonprivate-metric
+                metrics["personal_accuracy_nonprivate"] = pa
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "state.pkl").write_bytes(blob)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))

@@ -3,6 +3,20 @@
 :func:`build_dataset` turns a :class:`engine.config.DatasetConfig` into a
 :class:`FederatedDataset`; :func:`check_dataset_files` validates that a source's
 files exist (called before any work starts).
+
+Public evaluation set (README, "Privacy"): the global test set, on which
+``test_accuracy``/``test_loss`` are measured, never holds data of a client of the
+population, so those columns are public:
+
+* torchvision sources: the official test split (separate images from the training split);
+* synthetic: ``dataset.public_eval_clients`` extra clients from the same generator,
+  disjoint from the population (they never train);
+* LEAF: the last ``dataset.public_eval_clients`` writers/roles (in order of first
+  appearance in ``train/*.json``), with their train and test JSON data; they are
+  excluded from the population. LEAF's ``test/*.json`` data of the population's own
+  writers is not used (it is the clients' data, not public).
+
+``FederatedDataset.meta["eval_source"]`` names which one a run used.
 """
 
 from __future__ import annotations
@@ -38,8 +52,9 @@ def check_dataset_files(cfg) -> None:  # cfg: engine.config.DatasetConfig
         check_leaf_files(cfg.name, cfg.root)
 
 
-def load_pooled(cfg, rng: np.random.Generator) -> PooledData:
-    """Read (or generate) the pooled arrays of ``cfg.name``."""
+def load_pooled(cfg, rng: np.random.Generator, public_clients: int = 0) -> PooledData:
+    """Read (or generate) the pooled arrays of ``cfg.name``; synthetic data gets
+    ``public_clients`` extra clients (the last groups) for the public test set."""
     if cfg.name == "synthetic":
         from engine.data.synthetic import generate_synthetic
 
@@ -51,6 +66,7 @@ def load_pooled(cfg, rng: np.random.Generator) -> PooledData:
             dim=cfg.synthetic_dim,
             num_classes=cfg.synthetic_classes,
             mean_samples=cfg.synthetic_mean_samples,
+            public_clients=public_clients,
         )
     if cfg.name in TORCHVISION:
         from engine.data.torchvision_sources import load_torchvision_source
@@ -63,13 +79,77 @@ def load_pooled(cfg, rng: np.random.Generator) -> PooledData:
     raise ValueError(f"dataset.name={cfg.name!r} is not a known source")
 
 
+def _first_appearance(groups: np.ndarray) -> np.ndarray:
+    _, first = np.unique(groups, return_index=True)
+    return groups[np.sort(first)]
+
+
+def hold_out_public(
+    pooled: PooledData, k: int, name: str
+) -> tuple[PooledData, np.ndarray, np.ndarray]:
+    """Remove the last ``k`` groups (in order of first appearance) from ``pooled``.
+
+    Returns the population's :class:`PooledData` (without those groups; a view when
+    they are the arrays' tail) and the public test arrays: every example of the
+    held-out groups, from ``x_train`` and, where ``test_groups`` is known, ``x_test``.
+    """
+    assert pooled.groups is not None
+    order = _first_appearance(pooled.groups)
+    if len(order) <= k:
+        raise ValueError(
+            f"dataset.public_eval_clients={k}: dataset.name={name} has only {len(order)} "
+            "clients/writers, and the public evaluation set must leave some for the population"
+        )
+    public = order[-k:]
+    in_pub = np.isin(pooled.groups, public)
+    pop = np.flatnonzero(~in_pub)
+    if pop[-1] == len(pop) - 1:  # the held-out groups are the tail: views, no copy
+        x_tr, y_tr, g_tr = (a[: len(pop)] for a in (pooled.x_train, pooled.y_train, pooled.groups))
+    else:
+        x_tr, y_tr, g_tr = pooled.x_train[pop], pooled.y_train[pop], pooled.groups[pop]
+    x_parts, y_parts = [pooled.x_train[in_pub]], [pooled.y_train[in_pub]]
+    if pooled.test_groups is not None:
+        t_pub = np.isin(pooled.test_groups, public)
+        x_parts.append(pooled.x_test[t_pub])
+        y_parts.append(pooled.y_test[t_pub])
+    population = PooledData(
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=pooled.x_test[:0],
+        y_test=pooled.y_test[:0],
+        num_classes=pooled.num_classes,
+        input_shape=pooled.input_shape,
+        groups=g_tr,
+    )
+    return population, np.concatenate(x_parts), np.concatenate(y_parts)
+
+
 def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
     """Load ``cfg.name``, partition it into ``cfg.num_clients`` clients, split held-out.
 
-    Sources without their own test set (synthetic) use the union of the clients'
-    held-out splits as the global test set.
+    The global test set is public (module docstring): torchvision's test split, or
+    ``cfg.num_public_eval_clients`` clients (synthetic) / writers (LEAF) held out of
+    the population. Each client's held-out split (``client_test_fraction``) is the
+    client's own data, used only for the non-private personal metrics.
     """
-    pooled = load_pooled(cfg, rng)
+    k_pub = cfg.num_public_eval_clients
+    pooled = load_pooled(cfg, rng, public_clients=k_pub)
+    if cfg.name == "synthetic" or cfg.name in LEAF:
+        if cfg.partition == "natural" and pooled.groups is not None:
+            have = len(_first_appearance(pooled.groups))
+            if cfg.num_clients + k_pub > have:
+                raise ValueError(
+                    f"dataset.num_clients={cfg.num_clients} plus dataset.public_eval_clients="
+                    f"{k_pub} exceed the {have} natural clients (writers/roles) in the data"
+                )
+        pooled, x_test, y_test = hold_out_public(pooled, k_pub, cfg.name)
+        kind = "clients" if cfg.name == "synthetic" else "writers/roles"
+        eval_source = f"public: {k_pub} held-out {kind}"
+    else:
+        x_test, y_test = pooled.x_test, pooled.y_test
+        eval_source = "public: official test split"
+    if len(y_test) == 0:
+        raise ValueError(f"dataset.name={cfg.name}: the public evaluation set is empty")
     n = len(pooled.y_train)
     if cfg.partition == "natural":
         if pooled.groups is None:
@@ -82,15 +162,6 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
     else:
         clients = dirichlet_partition(pooled.y_train, cfg.num_clients, cfg.alpha, rng)
     train, test = split_client_test(clients, cfg.client_test_fraction, rng)
-    x_test, y_test = pooled.x_test, pooled.y_test
-    if len(y_test) == 0:
-        held = np.concatenate(test) if test else np.zeros(0, np.int64)
-        if len(held) == 0:
-            raise ValueError(
-                f"dataset.client_test_fraction={cfg.client_test_fraction}: "
-                f"dataset.name={cfg.name} has no test set, so clients must hold some out"
-            )
-        x_test, y_test = pooled.x_train[held], pooled.y_train[held]
     return FederatedDataset(
         name=cfg.name,
         x_train=pooled.x_train,
@@ -101,5 +172,5 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         y_test=y_test,
         num_classes=pooled.num_classes,
         input_shape=tuple(pooled.input_shape),
-        meta={"partition": cfg.partition},
+        meta={"partition": cfg.partition, "eval_source": eval_source},
     )

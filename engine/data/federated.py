@@ -7,7 +7,8 @@ index into ``x_train``). Workers receive it once through Ray's object store; num
 arrays are then read zero-copy from shared memory, so nothing is copied per task.
 
 Privacy note: the unit of privacy is the client, i.e. everything listed in
-``client_train[i]`` (and its held-out split). The global test set is assumed public.
+``client_train[i]`` (and its held-out split). The global test set is public: it holds
+no data of any client of the population (see :mod:`engine.data`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ an optional ``hierarchies`` key is ignored.
   index of the user owning example ``i``, numbered in order of first appearance, so
   users are the natural clients. A user listed in two files keeps one index; users
   without samples are skipped.
-* **Global test set** is the union of every user of ``test/*.json``.
+* **Test arrays** are every user of ``test/*.json``, with ``test_groups`` numbered like
+  ``groups`` (a user only in test gets a new index). They are the same writers' data,
+  hence not public: :func:`engine.data.build_dataset` evaluates on held-out writers.
 
 FEMNIST: ``x`` is 784 floats per sample (a 28x28 image, values in [0, 1] exactly as
 LEAF stores them, background 1.0); kept as is and reshaped to float32 ``(n, 1, 28, 28)``.
@@ -180,7 +182,7 @@ def load_leaf_source(name: str, root: str | None) -> PooledData:
     root = os.path.expanduser(root)
     train_users: dict[str, int] = {}
     x_train, y_train, groups = _read_split(name, _json_files(root, "train"), train_users)
-    x_test, y_test, _ = _read_split(name, _json_files(root, "test"), {})
+    x_test, y_test, test_groups = _read_split(name, _json_files(root, "test"), train_users)
     if len(y_train) == 0:
         raise ValueError(f"dataset.name={name}: {root}/train/*.json holds no examples")
     if name == "femnist":
@@ -207,4 +209,5 @@ def load_leaf_source(name: str, root: str | None) -> PooledData:
         num_classes=num_classes,
         input_shape=input_shape,
         groups=groups,
+        test_groups=test_groups,
     )

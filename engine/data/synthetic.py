@@ -6,8 +6,16 @@ x ~ N(v_k, Σ) with Σ = diag(j^-1.2); label y = argmax(W_k x + b_k). α control
 much the clients' models differ, β how much their features differ. The number of
 examples per client is log-normal (heavy-tailed, as in LEAF), at least 4.
 
-It has no separate test set: :func:`engine.data.build_dataset` uses the union of the
-clients' held-out splits as the global test set (as LEAF splits each user's data).
+Privacy (docs: README, "Privacy"): client k's examples depend only on the generator's
+seed and k (each client draws from its own stream), and features are standardised with
+the generating distribution's own constants — feature j has mean 0 and variance
+β + 1 + j^-1.2 under the generator, so x_j is divided by sqrt(β + 1 + j^-1.2) — never
+with statistics of the generated data. Adding, removing or changing one client
+therefore leaves every other client's examples bit-identical.
+
+:func:`engine.data.build_dataset` asks for ``dataset.public_eval_clients`` extra clients
+(``public_clients``) and holds them out as the public evaluation set: clients drawn
+from the same generator that never train and are not part of the population.
 """
 
 from __future__ import annotations
@@ -15,6 +23,16 @@ from __future__ import annotations
 import numpy as np
 
 from engine.data.sources import PooledData
+
+
+def feature_scale(dim: int, beta: float) -> np.ndarray:
+    """Standard deviation of each feature under the generator (public constants).
+
+    x_j = B_k + (v_kj - B_k) + (x_j - v_kj) with independent N(0, β), N(0, 1) and
+    N(0, j^-1.2) terms, so Var(x_j) = β + 1 + j^-1.2 and E[x_j] = 0.
+    """
+    cov_diag = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2)
+    return np.sqrt(beta + 1.0 + cov_diag)
 
 
 def generate_synthetic(
@@ -26,31 +44,39 @@ def generate_synthetic(
     dim: int = 60,
     num_classes: int = 10,
     mean_samples: int = 60,
+    public_clients: int = 0,
 ) -> PooledData:
-    """Generate Synthetic(α, β); ``groups`` holds each example's (natural) client."""
+    """Generate Synthetic(α, β); ``groups`` holds each example's (natural) client.
+
+    ``rng`` is used once, for the seed of the per-client streams: client k draws from
+    ``SeedSequence(seed, spawn_key=(0, k))``, so clients 0..K-1 are the same whatever
+    ``num_clients`` >= K is. The ``public_clients`` extra clients (groups
+    ``num_clients``, ``num_clients + 1``, ...) draw from ``spawn_key=(1, j)``: the same
+    generator, streams disjoint from the population's, and the same whatever the
+    population is.
+    """
     if num_clients < 1:
         raise ValueError(f"dataset.num_clients={num_clients} must be >= 1")
-    sizes = rng.lognormal(np.log(mean_samples), 0.5, num_clients).astype(np.int64)
-    sizes = np.clip(sizes, 4, 20 * mean_samples)
+    seed = int(rng.integers(0, 2**63 - 1))
     cov_diag = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2)
+    scale = feature_scale(dim, beta)
     xs, ys, owners = [], [], []
-    for k in range(num_clients):
-        u_k = rng.normal(0.0, np.sqrt(alpha))
-        b_mean = rng.normal(0.0, np.sqrt(beta))
-        w = rng.normal(u_k, 1.0, (num_classes, dim))
-        b = rng.normal(u_k, 1.0, num_classes)
-        v = rng.normal(b_mean, 1.0, dim)
-        x = rng.normal(v, np.sqrt(cov_diag), (sizes[k], dim))
+    keys = [(0, k) for k in range(num_clients)] + [(1, j) for j in range(public_clients)]
+    for k, key in enumerate(keys):
+        g = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
+        size = int(np.clip(g.lognormal(np.log(mean_samples), 0.5), 4, 20 * mean_samples))
+        u_k = g.normal(0.0, np.sqrt(alpha))
+        b_mean = g.normal(0.0, np.sqrt(beta))
+        w = g.normal(u_k, 1.0, (num_classes, dim))
+        b = g.normal(u_k, 1.0, num_classes)
+        v = g.normal(b_mean, 1.0, dim)
+        x = g.normal(v, np.sqrt(cov_diag), (size, dim))
         y = np.argmax(x @ w.T + b, axis=1)
-        xs.append(x.astype(np.float32))
+        xs.append((x / scale).astype(np.float32))
         ys.append(y.astype(np.int64))
-        owners.append(np.full(sizes[k], k, dtype=np.int64))
-    x_all = np.concatenate(xs)
-    # Standardise features with statistics of the whole population (public recipe).
-    mu, sd = x_all.mean(0), x_all.std(0) + 1e-6
-    x_all = ((x_all - mu) / sd).astype(np.float32)
+        owners.append(np.full(size, k, dtype=np.int64))
     return PooledData(
-        x_train=x_all,
+        x_train=np.concatenate(xs),
         y_train=np.concatenate(ys),
         x_test=np.zeros((0, dim), np.float32),
         y_test=np.zeros(0, np.int64),

@@ -42,7 +42,9 @@ def test_every_recipe_obeys_the_contract(name: str) -> None:
     b = run(f"algorithm={name}", z)
     # Same seed, identical result.
     assert np.array_equal(a.weights, b.weights)
-    assert a.rounds.drop(columns="wall_time_s").equals(b.rounds.drop(columns="wall_time_s"))
+    assert a.rounds.drop(columns="wall_time_s_nonprivate").equals(
+        b.rounds.drop(columns="wall_time_s_nonprivate")
+    )
     assert np.isfinite(a.weights).all()
     if RECIPES[name].private:
         # Every update is clipped to C before any noise.
@@ -91,7 +93,7 @@ def test_personal_parameters_never_reach_the_server(name: str, monkeypatch) -> N
     assert seen and all((s[head] == 0).all() for s in seen)  # nothing of a head is sent
     assert np.array_equal(res.weights[head], init[head])  # and no noise lands there
     assert not np.array_equal(res.weights[~head], init[~head])
-    assert res.rounds["personal_accuracy"].notna().all()
+    assert res.rounds["personal_accuracy_nonprivate"].notna().all()
 
 
 def test_noise_only_on_the_public_randk_mask() -> None:
@@ -178,7 +180,9 @@ def test_client_state_persists_and_disk_equals_memory(tmp_path) -> None:
     mem = run(*base)
     disk = run(*base, "algo.client_state=disk", f"out={tmp_path}/d", write=True)
     assert np.array_equal(mem.weights, disk.weights)
-    assert mem.rounds["personal_accuracy"].equals(disk.rounds["personal_accuracy"])
+    assert mem.rounds["personal_accuracy_nonprivate"].equals(
+        disk.rounds["personal_accuracy_nonprivate"]
+    )
     files = list((tmp_path / "d" / "client_state").glob("client-*.npy"))
     assert files and all(np.load(f).shape == (2010,) for f in files)
 

@@ -155,3 +155,42 @@ def test_bad_input(tmp_path) -> None:
         json.dump({"something": 1}, f)
     with pytest.raises(ValueError, match="is not LEAF JSON"):
         load_leaf_source("femnist", str(tmp_path))
+
+
+def test_leaf_public_test_set_is_held_out_writers(tmp_path) -> None:
+    """Issue 13 item 3: LEAF's test JSON holds the same writers' data, so the public
+    test set is the data (train and test JSON) of writers held out of the population."""
+    from engine.config import DatasetConfig
+    from engine.data import build_dataset
+
+    rng = np.random.default_rng(3)
+    a = {"carol": femnist_user(3, 0, rng), "alice": femnist_user(2, 10, rng)}
+    b = {"bob": femnist_user(4, 20, rng)}
+    test = {"alice": femnist_user(2, 30, rng), "bob": femnist_user(3, 40, rng)}
+    write_leaf(tmp_path, "train", "a.json", a)
+    write_leaf(tmp_path, "train", "b.json", b)
+    write_leaf(tmp_path, "test", "t.json", test)
+    cfg = DatasetConfig(
+        name="femnist",
+        root=str(tmp_path),
+        num_clients=2,
+        partition="natural",
+        public_eval_clients=1,
+        client_test_fraction=0.0,
+    )
+    ds = build_dataset(cfg, np.random.default_rng(0))
+    assert ds.meta["eval_source"] == "public: 1 held-out writers/roles"
+    # The population is carol and alice (train JSON only); bob is the public test set.
+    assert ds.num_clients == 2
+    np.testing.assert_array_equal(
+        ds.x_train.reshape(-1, 784), np.array(a["carol"]["x"] + a["alice"]["x"], np.float32)
+    )
+    np.testing.assert_array_equal(
+        ds.x_test.reshape(-1, 784), np.array(b["bob"]["x"] + test["bob"]["x"], np.float32)
+    )
+    np.testing.assert_array_equal(ds.y_test, b["bob"]["y"] + test["bob"]["y"])
+    with pytest.raises(ValueError, match="dataset.public_eval_clients"):
+        build_dataset(
+            DatasetConfig(name="femnist", root=str(tmp_path), num_clients=3, partition="natural"),
+            np.random.default_rng(0),
+        )

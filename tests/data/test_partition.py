@@ -195,9 +195,27 @@ def test_generate_synthetic_shapes_and_standardisation():
     assert counts.sum() == n
     # Groups are contiguous blocks (client 0 first, ...).
     assert np.all(np.diff(pooled.groups) >= 0)
-    x = pooled.x_train.astype(np.float64)
-    np.testing.assert_allclose(x.mean(0), 0.0, atol=1e-4)
-    np.testing.assert_allclose(x.std(0), 1.0, atol=1e-3)
+    # Standardised with the generator's constants (not the data's): the features of
+    # the whole population have mean ~0 and variance ~1, within sampling error.
+    many = generate_synthetic(4000, np.random.default_rng(1), dim=dim, mean_samples=4)
+    x = many.x_train.astype(np.float64)
+    # Client offsets B_k ~ N(0, 1) dominate: the mean's standard error is ~ sqrt(0.5/4000).
+    assert np.abs(x.mean(0)).max() < 5 * np.sqrt(0.5 / 4000)
+    np.testing.assert_allclose(x.var(0), 1.0, atol=0.1)
+
+
+def test_synthetic_client_does_not_change_other_clients():
+    """Issue 13 item 4: one client's data must not change any other client's features
+    (the old recipe standardised with the statistics of all clients)."""
+    kw = {"dim": 15, "num_classes": 4, "mean_samples": 10}
+    full = generate_synthetic(30, np.random.default_rng(7), **kw)
+    fewer = generate_synthetic(29, np.random.default_rng(7), **kw)  # client 29 removed
+    more = generate_synthetic(31, np.random.default_rng(7), **kw)
+    for other in (fewer, more):
+        for k in range(29):
+            a, b = full.groups == k, other.groups == k
+            assert np.array_equal(full.x_train[a], other.x_train[b])
+            assert np.array_equal(full.y_train[a], other.y_train[b])
 
 
 def test_generate_synthetic_error_names_key():
@@ -232,14 +250,16 @@ def test_build_dataset_synthetic(partition):
     for tr, te in zip(ds.client_train, ds.client_test):
         assert len(tr) >= 1
         assert len(np.intersect1d(tr, te)) == 0
-    # The global test set is exactly the union of the held-out splits (as a multiset).
-    held = np.concatenate(ds.client_test)
-    assert len(held) > 0 and len(ds.y_test) == len(held)
-
-    def rows(x, y):
-        return sorted(xi.tobytes() + yi.tobytes() for xi, yi in zip(x, y))
-
-    assert rows(ds.x_test, ds.y_test) == rows(ds.x_train[held], ds.y_train[held])
+    # The global test set is public: exactly the examples of the held-out synthetic
+    # clients N..N+K-1 (K = ceil(N/10) = 5), none of which belongs to the population.
+    assert ds.meta["eval_source"] == "public: 5 held-out clients"
+    pooled = generate_synthetic(
+        50, np.random.default_rng(11), dim=20, mean_samples=30, public_clients=5
+    )  # what build_dataset draws first from the same rng
+    public = pooled.groups >= 50
+    assert np.array_equal(ds.x_test, pooled.x_train[public])
+    assert np.array_equal(ds.y_test, pooled.y_train[public])
+    assert np.array_equal(ds.x_train, pooled.x_train[~public])
 
     if partition == "natural":
         # Client k holds exactly the examples generated for synthetic client k.
@@ -264,7 +284,32 @@ def test_build_dataset_is_seeded(partition):
     )
 
 
-def test_build_dataset_needs_held_out_when_no_test_set():
-    cfg = synthetic_cfg("iid", client_test_fraction=0.0)
-    with pytest.raises(ValueError, match="dataset.client_test_fraction"):
-        build_dataset(cfg, np.random.default_rng(0))
+def test_public_eval_clients_never_depend_on_the_population():
+    """Issue 13 item 3: the synthetic test set is public: it holds no client's data,
+    so changing the population (here its size) leaves it bit-identical, and clients
+    may hold nothing out."""
+    a = build_dataset(
+        synthetic_cfg("natural", public_eval_clients=3, client_test_fraction=0.0),
+        np.random.default_rng(4),
+    )
+    b = build_dataset(
+        DatasetConfig(
+            name="synthetic",
+            num_clients=20,
+            partition="natural",
+            synthetic_dim=20,
+            synthetic_mean_samples=30,
+            public_eval_clients=3,
+        ),
+        np.random.default_rng(4),
+    )
+    assert len(a.y_test) > 0 and all(len(t) == 0 for t in a.client_test)
+    assert np.array_equal(a.x_test, b.x_test) and np.array_equal(a.y_test, b.y_test)
+    rows = {r.tobytes() for r in a.x_train}
+    assert not any(r.tobytes() in rows for r in a.x_test)  # disjoint from every client
+    assert np.array_equal(a.x_train[: len(b.x_train)], b.x_train)  # clients 0..19 shared
+
+
+def test_public_eval_clients_must_leave_a_population():
+    with pytest.raises(ValueError, match="dataset.public_eval_clients"):
+        DatasetConfig(name="synthetic", public_eval_clients=0)

@@ -87,7 +87,7 @@ def run(
         cfg = replace(config(algorithm, restarts), out=out)
         result = simulate(cfg, run_name=name, on_round=kill_later)
         outcome["weights"] = result.weights.tolist()
-        outcome["rows"] = result.rounds.drop(columns="wall_time_s").to_dict("list")
+        outcome["rows"] = result.rounds.drop(columns="wall_time_s_nonprivate").to_dict("list")
     except Exception as e:  # noqa: BLE001 - reported to the test
         outcome["error"] = f"{type(e).__name__}: {e}"
     ex = stats.get("executor")

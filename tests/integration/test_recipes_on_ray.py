@@ -34,5 +34,7 @@ def test_recipe_runs_on_ray_like_in_process(ray_session, name: str) -> None:
     )
     assert len(on_ray.rounds) == 2
     assert np.array_equal(on_ray.weights, local.weights)
-    if "personal_accuracy" in local.rounds:
-        assert on_ray.rounds["personal_accuracy"].equals(local.rounds["personal_accuracy"])
+    if "personal_accuracy_nonprivate" in local.rounds:
+        assert on_ray.rounds["personal_accuracy_nonprivate"].equals(
+            local.rounds["personal_accuracy_nonprivate"]
+        )

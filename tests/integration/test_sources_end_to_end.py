@@ -43,7 +43,8 @@ def test_shakespeare_char_lstm(tmp_path) -> None:
             "y": [(text * 3)[s + 8] for s in starts],
         }
 
-    _write_leaf(tmp_path / "train", {f"role{k}": user(k) for k in range(4)})
+    # 4 roles train; role4 is held out as the public test set (public_eval_clients=1).
+    _write_leaf(tmp_path / "train", {f"role{k}": user(k) for k in range(5)})
     _write_leaf(tmp_path / "test", {f"role{k}": user(k) for k in range(2)})
     cfg = load_config(
         overrides=[
@@ -52,11 +53,13 @@ def test_shakespeare_char_lstm(tmp_path) -> None:
             f"dataset.root={tmp_path}",
             "dataset.partition=natural",
             "dataset.num_clients=4",
+            "dataset.public_eval_clients=1",
             "model.name=char_lstm",
         ]
     )
     res = simulate(cfg, write=False)
     assert len(res.rounds) == 2 and np.isfinite(res.weights).all()
+    assert (res.rounds["eval_source"] == "public: 1 held-out writers/roles").all()
     assert 0.0 <= res.final_accuracy <= 1.0 and res.final_epsilon > 0
 
 
@@ -89,4 +92,5 @@ def test_mnist_layout_cnn(tmp_path, partition: str) -> None:
     )
     res = simulate(cfg, write=False)
     assert res.rounds["test_accuracy"].notna().all()
+    assert (res.rounds["eval_source"] == "public: official test split").all()
     assert len(res.weights) == 1_663_370  # the FedAvg CNN on 28x28x1, 10 classes
