@@ -41,6 +41,7 @@ class DatasetConfig:
     alpha: float = 0.5
     client_test_fraction: float = 0.2
     emnist_split: str = "byclass"
+    synthetic_model: str = "shared"  # shared labelling rule | per_client (FedProx as published)
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     synthetic_dim: int = 60
@@ -81,6 +82,12 @@ class DatasetConfig:
             self.partition,
             f"natural clients exist only for {natural_ok}; "
             f"use iid or dirichlet for dataset.name={self.name}",
+        )
+        _check(
+            self.synthetic_model in ("shared", "per_client"),
+            "dataset.synthetic_model",
+            self.synthetic_model,
+            "must be shared or per_client",
         )
         _check(
             self.synthetic_mean_samples >= 4,

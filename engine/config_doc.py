@@ -28,6 +28,8 @@ KEY_HELP: dict[str, str] = {
     "dataset.alpha": "Dirichlet concentration over labels (small = skewed)",
     "dataset.client_test_fraction": "share of each client's data held out for personal eval",
     "dataset.emnist_split": "EMNIST split (byclass, bymerge, balanced, letters, digits, mnist)",
+    "dataset.synthetic_model": "shared: one labelling rule for all clients (public clients "
+    "too); per_client: Synthetic(alpha, beta) as published (public accuracy ~ chance)",
     "dataset.synthetic_alpha": "Synthetic(alpha, beta): model heterogeneity across clients",
     "dataset.synthetic_beta": "Synthetic(alpha, beta): data heterogeneity across clients",
     "dataset.synthetic_dim": "Synthetic: input dimension",

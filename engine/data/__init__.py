@@ -61,6 +61,7 @@ def load_pooled(cfg, rng: np.random.Generator, public_clients: int = 0) -> Poole
         return generate_synthetic(
             cfg.num_clients,
             rng,
+            model=cfg.synthetic_model,
             alpha=cfg.synthetic_alpha,
             beta=cfg.synthetic_beta,
             dim=cfg.synthetic_dim,

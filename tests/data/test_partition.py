@@ -313,3 +313,30 @@ def test_public_eval_clients_never_depend_on_the_population():
 def test_public_eval_clients_must_leave_a_population():
     with pytest.raises(ValueError, match="dataset.public_eval_clients"):
         DatasetConfig(name="synthetic", public_eval_clients=0)
+
+
+def _linear_fit_accuracy(pooled, public_from: int) -> tuple[float, float]:
+    """Least-squares one-hot linear classifier fit on the population's examples, scored
+    on the public clients; returns (accuracy, majority-class share) there."""
+    own = pooled.groups < public_from
+    x = np.c_[pooled.x_train, np.ones(len(pooled.x_train))]
+    onehot = np.eye(pooled.num_classes)[pooled.y_train[own]]
+    coef, *_ = np.linalg.lstsq(x[own], onehot, rcond=None)
+    y_pub = pooled.y_train[~own]
+    acc = float(np.mean(np.argmax(x[~own] @ coef, axis=1) == y_pub))
+    return acc, float(np.bincount(y_pub).max() / len(y_pub))
+
+
+def test_shared_synthetic_rule_generalises_to_public_clients_per_client_does_not():
+    """``shared``: one labelling rule, so a linear model fit on the population beats the
+    majority class on held-out public clients by far; ``per_client`` (as published):
+    each client's rule is its own, so the same fit stays near the majority class."""
+    kw = dict(dim=20, num_classes=5, mean_samples=30, public_clients=40)
+    shared = generate_synthetic(200, np.random.default_rng(3), model="shared", **kw)
+    acc, majority = _linear_fit_accuracy(shared, 200)
+    assert acc > majority + 0.2, (acc, majority)
+    per_client = generate_synthetic(200, np.random.default_rng(3), model="per_client", **kw)
+    acc, majority = _linear_fit_accuracy(per_client, 200)
+    assert acc < majority + 0.1, (acc, majority)
+    with pytest.raises(ValueError, match="dataset.synthetic_model='iid'"):
+        generate_synthetic(5, np.random.default_rng(0), model="iid")
