@@ -228,15 +228,19 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
     ray_logger.propagate = False
     last_resort = logging.lastResort
     logging.lastResort = handler
-    env_before = os.environ.get(LOG_TO_DRIVER_ENV)
-    os.environ[LOG_TO_DRIVER_ENV] = "0"
+    # Tune's new output engine prints an experiment box and TensorBoard hints to stdout
+    # even at verbose=0; the legacy engine at verbose=0 prints nothing.
+    quiet_env = {LOG_TO_DRIVER_ENV: "0", "RAY_AIR_NEW_OUTPUT": "0"}
+    env_before = {k: os.environ.get(k) for k in quiet_env}
+    os.environ.update(quiet_env)
     try:
         yield
     finally:
-        if env_before is None:
-            os.environ.pop(LOG_TO_DRIVER_ENV, None)
-        else:
-            os.environ[LOG_TO_DRIVER_ENV] = env_before
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         ray_logger.handlers = handlers
         ray_logger.propagate = propagate
         logging.lastResort = last_resort
