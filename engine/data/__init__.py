@@ -68,10 +68,17 @@ def load_pooled(cfg, rng: np.random.Generator, public_clients: int = 0) -> Poole
             mean_samples=cfg.synthetic_mean_samples,
             public_clients=public_clients,
         )
+    normalize = getattr(cfg, "normalize", None)
+    if cfg.name == "digits":
+        from engine.data.digits import load_digits_source
+
+        return load_digits_source(normalize)
     if cfg.name in TORCHVISION:
         from engine.data.torchvision_sources import load_torchvision_source
 
-        return load_torchvision_source(cfg.name, cfg.root, cfg.download, cfg.emnist_split)
+        return load_torchvision_source(
+            cfg.name, cfg.root, cfg.download, cfg.emnist_split, normalize or "standardize"
+        )
     if cfg.name in LEAF:
         from engine.data.leaf import load_leaf_source
 
