@@ -668,7 +668,13 @@ def load_config(
     and ``key=value`` overrides, in that order."""
     tree: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     if path is not None:
-        tree = _merge(tree, read_yaml_mapping(path))
+        loaded = read_yaml_mapping(path)
+        if "preset" in loaded:  # engine.presets: a paper table, several runs
+            raise ConfigError(
+                f"--config {str(path)!r}: is a paper preset (preset: section); run it with "
+                "dpfl compare --config FILE [--scale cpu]"
+            )
+        tree = _merge(tree, loaded)
     for item in overrides or []:
         key, value = parse_override(item)
         _set_path(tree, key, value)
