@@ -174,6 +174,8 @@ def format_table(summary: pd.DataFrame) -> str:
         "wall_time_s_nonprivate",
     ]
     cols = [c for c in cols if c in summary]
+    if "epsilon_target" in summary and summary["epsilon_target"].nunique() <= 1:
+        cols.remove("epsilon_target")  # one budget: the epsilon column says it
     shown = summary[cols].copy()
     several = "seeds" in summary and int(summary["seeds"].max()) > 1
     if several:

@@ -1,0 +1,118 @@
+"""Paper presets (experiments/*.yaml) and dpfl compare over a list of epsilons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from engine.cli import main
+from engine.config import ConfigError, load_config
+from engine.presets import read_preset
+from engine.privacy.accounting import compute_epsilon
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
+
+
+def test_there_is_a_preset_per_seed_table() -> None:
+    names = {p.stem for p in PRESETS}
+    assert {"dp_fed_ls_mnist_logreg", "dp_fedavg_mnist_cnn", "dp_fedsam_noniid"} <= names
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_builds_a_valid_config_at_both_scales(path: Path) -> None:
+    preset = read_preset(path)
+    assert preset is not None
+    for scale in ("paper", "cpu"):
+        cfg = load_config(None, [], base=preset.tree(scale))
+        assert cfg.dataset.name == ("digits" if scale == "cpu" else cfg.dataset.name)
+        assert cfg.dataset.name != "digits" or scale == "cpu"  # paper scale: the paper's data
+        for a in preset.algorithms:
+            load_config(None, [f"algorithm={a}"], base=preset.tree(scale))
+    # the paper scale states the paper's numbers, e.g. DP-Fed-LS's q = 0.05, C = 0.3, T = 30
+    if path.stem == "dp_fed_ls_mnist_logreg":
+        cfg = load_config(None, [], base=preset.tree("paper"))
+        assert (cfg.sampling.rate, cfg.privacy.clip_norm, cfg.rounds) == (0.05, 0.3, 30)
+        assert (cfg.local.epochs, cfg.local.batch_size, cfg.model.name) == (5, 10, "logreg")
+        assert cfg.dataset.num_clients == 1000 and preset.epsilons == (1.0, 6.0)
+
+
+def test_a_preset_is_not_a_run_config_and_says_how_to_run_it() -> None:
+    with pytest.raises(ConfigError, match="paper preset.*dpfl compare"):
+        load_config(PRESETS[0])
+
+
+def test_bad_preset_sections_name_the_key(tmp_path) -> None:
+    p = tmp_path / "x.yaml"
+    p.write_text("preset: {paper: a, table: b, claim: c, algorithms: [dp_fedavg], scales: {}}\n")
+    with pytest.raises(ConfigError, match=r"^preset.epsilons: missing"):
+        read_preset(p)
+    p.write_text(
+        "preset: {paper: a, table: b, claim: c, algorithms: [dp_fedavg], epsilons: [0],"
+        " scales: {cpu: {}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"^preset.epsilons="):
+        read_preset(p)
+    p.write_text(
+        "preset: {paper: a, table: b, claim: c, algorithms: [dp_fedavg], epsilons: [1],"
+        " scales: {laptop: {}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"^preset.scales: unknown"):
+        read_preset(p)
+
+
+def test_compare_runs_a_preset_table_over_epsilons_and_seeds(capsys, tmp_path) -> None:
+    """A tiny preset: 2 algorithms x 2 epsilons x 2 seeds. Every run lands in its own
+    folder, σ is calibrated per ε (ε computed <= target, from the accountant), and the
+    printed table has one row per algorithm and one column per ε with mean ± std."""
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(
+        """
+preset:
+  paper: test
+  table: tiny
+  claim: none
+  algorithms: [dp_fedavg, dp_fed_ls]
+  epsilons: [2, 8]
+  scales:
+    cpu:
+      dataset: {name: digits, num_clients: 40, client_test_fraction: 0.0}
+      ray: {executor: local}
+model: {name: logreg}
+rounds: 2
+sampling: {rate: 0.5}
+local: {epochs: 1, batch_size: 16}
+eval: {every: 2}
+"""
+    )
+    out = tmp_path / "c"
+    args = ["compare", "-q", "--config", str(preset), "--scale", "cpu", "--seeds", "0,1"]
+    assert main([*args, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = pd.read_parquet(out / "compare.parquet")
+    assert len(rows) == 8
+    for e in (2, 8):
+        for s in (0, 1):
+            for a in ("dp_fedavg", "dp_fed_ls"):
+                assert (out / f"eps{e}" / f"seed{s}" / a / "rounds.parquet").is_file()
+        sub = rows[rows.epsilon_target == e]
+        assert (sub["epsilon"] <= e + 1e-9).all()
+        z = float(sub["noise_multiplier"].iloc[0])
+        cfg = load_config(None, [], base=read_preset(preset).tree("cpu"))
+        from engine.simulate import plan_privacy
+
+        plan = plan_privacy(load_config(None, [f"privacy.epsilon={e}"], base=read_preset(
+            preset).tree("cpu")))  # fmt: skip
+        recomputed = compute_epsilon(z, plan.sampling, cfg.rounds, plan.delta, plan.accountant)
+        assert sub["epsilon"].iloc[0] == pytest.approx(recomputed, rel=1e-9)
+    # σ differs by budget: more noise for the smaller ε
+    z_by_eps = rows.groupby("epsilon_target")["noise_multiplier"].first()
+    assert z_by_eps[2] > z_by_eps[8]
+    header = next(line for line in text.splitlines() if "eps=2" in line)
+    assert "eps=8" in header
+    for a in ("dp_fedavg", "dp_fed_ls"):
+        g = rows[(rows.algorithm == a) & (rows.epsilon_target == 8)]["final_accuracy"]
+        line = next(x for x in text.splitlines() if x.startswith(a + " "))
+        assert f"{g.mean():.4f} ± {g.std(ddof=1):.3f}" in line
