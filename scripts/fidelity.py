@@ -213,10 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation", action="store_true", help="also run the DP-Fed-LS ablation")
     ap.add_argument("--ablation-epsilons", default="1,6")
     ap.add_argument("--only", help="comma-separated preset file stems (default: all)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="re-render from the runs already in --out (compare.parquet, ablation.parquet)",
+    )
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
-    if out.exists():
+    if out.exists() and not args.reuse:
         shutil.rmtree(out)
     t0 = time.perf_counter()
     results = []
@@ -227,15 +232,24 @@ def main(argv: list[str] | None = None) -> int:
         if preset is None:
             continue
         print(f"{path.name}: cpu scale, seeds {seeds}", flush=True)
-        rows = run_preset(preset, "cpu", seeds, out / path.stem)
+        saved = out / path.stem / "compare.parquet"
+        if args.reuse and saved.is_file():
+            rows = pd.read_parquet(saved)
+        else:
+            rows = run_preset(preset, "cpu", seeds, out / path.stem)
         results.append((preset, numbers(rows), verdict(preset, rows)))
         print(f"  {results[-1][1]} -> {results[-1][2]}", flush=True)
     abl = None
     if args.ablation:
         eps = [float(e) for e in args.ablation_epsilons.split(",")]
-        abl = ablation(seeds, eps, out / "ablation")
+        saved = out / "ablation" / "ablation.parquet"
+        abl = pd.read_parquet(saved) if args.reuse and saved.is_file() else None
+        if abl is None:
+            abl = ablation(seeds, eps, out / "ablation")
     minutes = (time.perf_counter() - t0) / 60
     meta = f"Seeds {args.seeds}; this regeneration took {minutes:.1f} min on the CPU."
+    if args.reuse:
+        meta = f"Seeds {args.seeds}; rendered from the saved runs in {out}."
     Path(args.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(args.doc).write_text(render(results, abl, meta))
     print(f"wrote {args.doc}")
