@@ -63,6 +63,7 @@ def test_bad_preset_sections_name_the_key(tmp_path) -> None:
         read_preset(p)
 
 
+@pytest.mark.slow
 def test_compare_runs_a_preset_table_over_epsilons_and_seeds(capsys, tmp_path) -> None:
     """A tiny preset: 2 algorithms x 2 epsilons x 2 seeds. Every run lands in its own
     folder, σ is calibrated per ε (ε computed <= target, from the accountant), and the

@@ -46,6 +46,14 @@ def check_dataset_files(cfg) -> None:  # cfg: engine.config.DatasetConfig
         from engine.data.torchvision_sources import check_torchvision_files
 
         check_torchvision_files(cfg.name, cfg.root, cfg.emnist_split)
+    elif cfg.name == "digits":
+        import importlib.util
+
+        if importlib.util.find_spec("sklearn") is None:
+            raise DatasetFilesMissing(
+                "dataset.name=digits needs scikit-learn (pip install 'dpfl[dev]' or "
+                "pip install scikit-learn)"
+            )
     elif cfg.name in LEAF:
         from engine.data.leaf import check_leaf_files
 

@@ -94,3 +94,17 @@ def test_missing_sklearn_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(ImportError, match="dataset.name=digits needs scikit-learn"):
         load_digits_source()
+
+
+def test_missing_sklearn_is_one_line_before_any_work(monkeypatch) -> None:
+    import importlib.util
+
+    from engine.config import ConfigError
+    from engine.simulate import prepare
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name)
+    )
+    with pytest.raises(ConfigError, match=r"^dataset.name=digits needs scikit-learn"):
+        prepare(load_config(overrides=["dataset.name=digits", "model.name=logreg"]))
