@@ -147,13 +147,24 @@ def ablation(seeds: list[int], epsilons: list[float], out: Path) -> pd.DataFrame
 
 def ablation_table(frame: pd.DataFrame) -> list[str]:
     eps = sorted(frame["epsilon_target"].unique())
-    head = "| variant (dp_fed_ls unless named) | " + " | ".join(f"ε = {e:g}" for e in eps) + " |"
-    lines = [head, "|" + " --- |" * (len(eps) + 1)]
+    base = ABLATION[0][0]
+    head = (
+        "| variant (dp_fed_ls unless named) | "
+        + " | ".join(f"ε = {e:g}" for e in eps)
+        + " | "
+        + " | ".join(f"Δ vs defaults, ε = {e:g}" for e in eps)
+        + " |"
+    )
+    lines = [head, "|" + " --- |" * (2 * len(eps) + 1)]
     for name, _ in ABLATION:
-        cells = []
+        cells, deltas = [], []
         for e in eps:
-            g = frame[(frame.variant == name) & (frame.epsilon_target == e)]["final_accuracy"]
+            col = frame[frame.epsilon_target == e]
+            g = col[col.variant == name]["final_accuracy"]
+            ref = col[col.variant == base]["final_accuracy"]
             cells.append(_mean_std(g) if len(g) else "")
+            deltas.append(f"{g.mean() - ref.mean():+.3f}" if len(g) and len(ref) else "")
+        cells += deltas
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     achieved = frame.groupby("epsilon_target")["epsilon"].max()
     lines.append("")
@@ -249,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.perf_counter() - t0) / 60
     meta = f"Seeds {args.seeds}; this regeneration took {minutes:.1f} min on the CPU."
     if args.reuse:
-        meta = f"Seeds {args.seeds}; rendered from the saved runs in {out}."
+        meta = f"Seeds {args.seeds}; rendered from saved runs (`--reuse`)."
     Path(args.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(args.doc).write_text(render(results, abl, meta))
     print(f"wrote {args.doc}")
