@@ -117,3 +117,33 @@ eval: {every: 2}
         g = rows[(rows.algorithm == a) & (rows.epsilon_target == 8)]["final_accuracy"]
         line = next(x for x in text.splitlines() if x.startswith(a + " "))
         assert f"{g.mean():.4f} ± {g.std(ddof=1):.3f}" in line
+
+
+def test_dpfl_submit_validates_a_preset_compare_before_submitting(tmp_path) -> None:
+    from engine.submit import validate_dpfl_args
+
+    preset = "experiments/dp_fed_ls_mnist_logreg.yaml"
+    ns = validate_dpfl_args(
+        ["compare", "--config", preset, "--scale", "cpu", "--out", str(tmp_path / "o")], ROOT
+    )
+    assert ns.scale == "cpu" and ns.algorithms is None
+    with pytest.raises(ConfigError, match=r"^model.init="):
+        validate_dpfl_args(
+            ["compare", "--config", preset, "--out", "/abs/o", "--set", "model.init=ones"], ROOT
+        )
+    with pytest.raises(ConfigError, match="--algorithms"):
+        validate_dpfl_args(["compare", "--config", preset, "--out", "/o", "-a", "nope"], ROOT)
+
+
+def test_compare_epsilons_plan_clears_sigma_and_nests_folders(tmp_path) -> None:
+    from engine.compare import plan
+
+    cfg = load_config(overrides=["privacy.noise_multiplier=2", "privacy.epsilon=null"])
+    configs = plan(cfg, ["dp_fedavg", "fedavg"], tmp_path, [0, 1], [1.0, 4.0])
+    assert len(configs) == 8
+    assert {(c.privacy.epsilon, c.privacy.noise_multiplier) for c in configs} == {
+        (1.0, None),
+        (4.0, None),
+    }
+    assert configs[0].out == str(tmp_path / "eps1" / "seed0" / "dp_fedavg")
+    assert configs[-1].out == str(tmp_path / "eps4" / "seed1" / "fedavg")
