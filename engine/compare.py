@@ -195,7 +195,8 @@ def format_table(summary: pd.DataFrame) -> str:
 def format_paper_table(summary: pd.DataFrame, metric: str = "final_accuracy") -> str:
     """A paper table's shape: one row per algorithm, one column per target ε, cells
     ``mean ± std`` of ``metric`` over seeds, and the ε the accountant computed for
-    each column (its largest over the row's runs) underneath."""
+    each column underneath (per algorithm the mean over seeds, then the largest over
+    the algorithms; the runs of one column share σ, sampling and rounds, so equal)."""
     if "epsilon_target" not in summary:
         return format_table(summary)
     cell = {
@@ -218,5 +219,5 @@ def format_paper_table(summary: pd.DataFrame, metric: str = "final_accuracy") ->
     return (
         f"{metric} (mean ± sample std over {n} seed(s))\n"
         f"{frame.to_string()}\n"
-        f"epsilon computed by the accountant (max over runs): {spent}"
+        f"epsilon computed by the accountant (largest over the algorithms): {spent}"
     )

@@ -147,3 +147,32 @@ def test_compare_epsilons_plan_clears_sigma_and_nests_folders(tmp_path) -> None:
     }
     assert configs[0].out == str(tmp_path / "eps1" / "seed0" / "dp_fedavg")
     assert configs[-1].out == str(tmp_path / "eps4" / "seed1" / "fedavg")
+
+
+def test_paper_table_cells_are_mean_and_sample_std_per_algorithm_and_epsilon() -> None:
+    from engine.compare import format_paper_table, summarize
+
+    rows = pd.DataFrame(
+        {
+            "epsilon_target": [1.0, 1.0, 1.0, 1.0, 6.0, 6.0, 6.0, 6.0],
+            "algorithm": ["a", "a", "b", "b"] * 2,
+            "seed": [0, 1] * 4,
+            "private": [True] * 8,
+            "epsilon": [0.99, 0.98, 0.99, 0.97, 5.9, 5.95, 5.9, 5.99],
+            "noise_multiplier": [3.0] * 4 + [1.0] * 4,
+            "final_accuracy": [0.5, 0.7, 0.6, 0.6, 0.8, 0.9, 0.95, 0.85],
+            "best_accuracy": [0.5, 0.7, 0.6, 0.6, 0.8, 0.9, 0.95, 0.85],
+            "wall_time_s": [1.0] * 8,
+        }
+    )
+    summary = summarize(rows)
+    assert len(summary) == 4  # one row per (epsilon, algorithm)
+    text = format_paper_table(summary)
+    line_a = next(x for x in text.splitlines() if x.startswith("a "))
+    line_b = next(x for x in text.splitlines() if x.startswith("b "))
+    # a: eps=1 -> mean 0.6, std sqrt(0.02) = 0.141; eps=6 -> 0.85 ± 0.071
+    assert "0.6000 ± 0.141" in line_a and "0.8500 ± 0.071" in line_a
+    assert "0.6000 ± 0.000" in line_b and "0.9000 ± 0.071" in line_b
+    assert line_a.index("0.6000") < line_a.index("0.8500")  # columns in ε order
+    # the accountant's ε per column: mean over seeds, largest over the algorithms
+    assert "eps=1: 0.985, eps=6: 5.945" in text
