@@ -46,6 +46,7 @@ ABLATION: tuple[tuple[str, dict[str, str]], ...] = (
     ("init=zeros", {"model.init": "zeros"}),
     ("ls_local=clip_once", {"algo.ls_local": "clip_once"}),
     ("ls_scope=weights", {"algo.ls_scope": "weights"}),
+    ("init=zeros + ls_local=clip_once", {"model.init": "zeros", "algo.ls_local": "clip_once"}),
     (
         "all four (plain loop's choices)",
         {
@@ -56,6 +57,7 @@ ABLATION: tuple[tuple[str, dict[str, str]], ...] = (
         },
     ),
     ("dp_fedavg (dpfl defaults)", {"algorithm": "dp_fedavg"}),
+    ("dp_fedavg, init=zeros", {"algorithm": "dp_fedavg", "model.init": "zeros"}),
     (
         "dp_fedavg, unit_interval + zeros",
         {"algorithm": "dp_fedavg", "dataset.normalize": "unit_interval", "model.init": "zeros"},
@@ -160,9 +162,16 @@ def numbers(rows: pd.DataFrame) -> str:
     return "; ".join(parts) + f" (accountant ε: {spent})"
 
 
-def ablation(which: str, seeds: list[int], epsilons: list[float] | None, out: Path) -> pd.DataFrame:
+def ablation(
+    which: str,
+    seeds: list[int],
+    epsilons: list[float] | None,
+    out: Path,
+    done: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Run the variants of ``ABLATIONS[which]`` for every seed (and target ε, when the
-    preset states its budget by ε; otherwise at the preset's own noise multiplier)."""
+    preset states its budget by ε; otherwise at the preset's own noise multiplier);
+    runs already in ``done`` (same variant, ε and seed) are kept, not rerun."""
     from engine.simulate import simulate
 
     stem, variants, _ = ABLATIONS[which]
@@ -170,10 +179,13 @@ def ablation(which: str, seeds: list[int], epsilons: list[float] | None, out: Pa
     assert preset is not None
     algorithm = "dp_fed_ls" if which == "dp_fed_ls" else "dp_fedavg"
     base = load_config(None, [f"algorithm={algorithm}"], base=preset.tree("cpu"))
-    rows = []
+    rows = [] if done is None else done.to_dict("records")
+    have = {(r["variant"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
     for e in epsilons or [None]:
         for name, change in variants:
             for s in seeds:
+                if (name, float(e) if e else -1.0, s) in have:
+                    continue
                 budget = {"privacy.epsilon": e, "privacy.noise_multiplier": None} if e else {}
                 cfg = replace(base, **{**budget, "seed": s, "out": None, **change})
                 res = simulate(cfg, write=False, progress=False)
@@ -295,14 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             eps_or_none = eps if which == "dp_fed_ls" else None
             folder = out / "ablation" if which == "dp_fed_ls" else out / f"ablation_{which}"
             saved = folder / "ablation.parquet"
-            if args.reuse and saved.is_file():
-                abl[which] = pd.read_parquet(saved)
-            else:
-                abl[which] = ablation(which, seeds, eps_or_none, folder)
+            done = pd.read_parquet(saved) if args.reuse and saved.is_file() else None
+            abl[which] = ablation(which, seeds, eps_or_none, folder, done)
     minutes = (time.perf_counter() - t0) / 60
     meta = f"Seeds {args.seeds}; this regeneration took {minutes:.1f} min on the CPU."
     if args.reuse:
-        meta = f"Seeds {args.seeds}; rendered from saved runs (`--reuse`)."
+        meta = f"Seeds {args.seeds}; saved runs reused, missing ones run (`--reuse`)."
     Path(args.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(args.doc).write_text(render(results, abl, meta))
     print(f"wrote {args.doc}")
