@@ -9,6 +9,8 @@ Public evaluation set (README, "Privacy"): the global test set, on which
 population, so those columns are public:
 
 * torchvision sources: the official test split (separate images from the training split);
+* digits: a fixed 20% of scikit-learn's bundled images, never given to a client
+  (:mod:`engine.data.digits`);
 * synthetic: ``dataset.public_eval_clients`` extra clients from the same generator,
   disjoint from the population (they never train);
 * LEAF: the last ``dataset.public_eval_clients`` writers/roles (in order of first
@@ -160,6 +162,11 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         pooled, x_test, y_test = hold_out_public(pooled, k_pub, cfg.name)
         kind = "clients" if cfg.name == "synthetic" else "writers/roles"
         eval_source = f"public: {k_pub} held-out {kind}"
+    elif cfg.name == "digits":  # engine.data.digits: a fixed split no client ever holds
+        from engine.data.digits import DIGITS_TEST_FRACTION
+
+        x_test, y_test = pooled.x_test, pooled.y_test
+        eval_source = f"public: fixed held-out {DIGITS_TEST_FRACTION:.0%} of the digits"
     else:
         x_test, y_test = pooled.x_test, pooled.y_test
         eval_source = "public: official test split"

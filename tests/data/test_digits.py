@@ -46,6 +46,7 @@ def test_public_test_split_is_fixed_disjoint_and_never_given_to_clients() -> Non
         assert np.array_equal(np.sort(owned), np.arange(n - mask.sum()))  # all pool, once
         np.testing.assert_array_equal(ds.y_test, labels[mask])
         assert ds.input_shape == (1, 8, 8) and ds.num_classes == 10
+        assert ds.meta["eval_source"] == "public: fixed held-out 20% of the digits"
 
 
 def test_dirichlet_partition_skews_labels_and_iid_does_not() -> None:
