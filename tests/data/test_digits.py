@@ -109,3 +109,18 @@ def test_missing_sklearn_is_one_line_before_any_work(monkeypatch) -> None:
     )
     with pytest.raises(ConfigError, match=r"^dataset.name=digits needs scikit-learn"):
         prepare(load_config(overrides=["dataset.name=digits", "model.name=logreg"]))
+
+
+def test_dataset_normalize_key_reaches_the_clients_inputs() -> None:
+    def built(*extra: str):
+        cfg = load_config(overrides=["dataset.name=digits", "dataset.num_clients=10", *extra])
+        return build_dataset(cfg.dataset, np.random.default_rng(0))
+
+    unit = built("dataset.normalize=unit_interval")
+    default = built()
+    assert unit.x_train.min() == 0.0 and unit.x_train.max() == 1.0
+    assert unit.x_test.min() >= 0.0 and unit.x_test.max() <= 1.0
+    assert default.x_train.min() < 0.0  # standardised by default
+    np.testing.assert_allclose(
+        default.x_train, (unit.x_train - DIGITS_MEAN) / DIGITS_STD, rtol=1e-5, atol=1e-6
+    )
