@@ -97,8 +97,12 @@ def _smp_topk(a, C, z):
 
 
 def _fed_ls(a, C, z):
+    # algo.ls_local: "project" (the paper: w projected onto the ball ||w - x^t|| <= C after
+    # every local step) or "clip_once" (no projection; the privatizer's clip of the final
+    # update to C is the only bound). Both give ||update|| <= C, so the same accounting.
+    ls_local = getattr(a, "ls_local", "project")
     return Pipeline(
-        constraint=BallProjection(C),
+        constraint=BallProjection(C) if ls_local == "project" else None,
         privatizer=_priv(C, z, a),
         server_transforms=(LaplacianSmoothing(_pick(a.sigma_ls, 1.0), a.ls_scope),),
     )
@@ -213,7 +217,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         _recipe(
             "dp_fed_ls",
-            ("sigma_ls", "ls_scope"),
+            ("sigma_ls", "ls_scope", "ls_local"),
             "LaplacianSmoothing with dp_fedpgn_ls",
             "none",
             _fed_ls,
@@ -289,6 +293,7 @@ def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
                 out["randk_rescale"] = t.rescale
         elif isinstance(t, LaplacianSmoothing):
             out.update(sigma_ls=t.sigma_ls, ls_scope=t.scope)
+            out["ls_local"] = "project" if pipeline.constraint is not None else "clip_once"
     if pipeline.server_update is not None and pipeline.server_update.smoothing is not None:
         s = pipeline.server_update.smoothing
         out.update(sigma_ls=s.sigma_ls, ls_scope=s.scope)

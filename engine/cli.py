@@ -444,22 +444,43 @@ def _privacy(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from engine import compare as cmp
+    from engine.presets import read_preset
 
-    config = _load(args)
-    names = cmp.parse_algorithms(args.algorithms)
+    preset = read_preset(args.config) if args.config else None
+    epsilons = _floats(args.epsilons, "--epsilons") if args.epsilons else None
+    if preset is not None:  # a paper table (experiments/*.yaml): its rows, columns, scale
+        config = load_config(None, args.set, base=preset.tree(args.scale))
+        if args.executor:
+            from engine.config import replace
+
+            config = replace(config, **{"ray.executor": args.executor})
+        names = cmp.parse_algorithms(args.algorithms or ",".join(preset.algorithms))
+        epsilons = epsilons or list(preset.scale_epsilons(args.scale))
+    else:
+        if args.scale != "paper":
+            raise ConfigError(f"--scale={args.scale}: needs a preset --config (experiments/)")
+        config = _load(args)
+        names = cmp.parse_algorithms(args.algorithms or "all")
     _check_private(names, args)
+    from engine.config import NON_PRIVATE
+
+    if epsilons and all(a in NON_PRIVATE for a in names):
+        raise ConfigError(f"--epsilons: {','.join(names)} are not private; nothing to budget")
     seeds = _seeds(args.seeds)
     out = Path(args.out) if args.out else _default_out("compare")
     if args.out:
         _check_out(out, "--out", args.overwrite)
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
-    cmp.validate(cmp.plan(config, names, out, seeds))  # before any folder exists
+    cmp.validate(cmp.plan(config, names, out, seeds, epsilons))  # before any folder exists
     out = _claim_out(out, args.overwrite, default=not args.out)
-    configs = cmp.plan(config, names, out, seeds)  # (a default name may have a suffix)
+    configs = cmp.plan(config, names, out, seeds, epsilons)  # (a default name: suffix)
     with _quiet_ray(out, args.verbose, config.ray.executor == "ray"):
         rows = cmp.run(configs, out, progress=not args.quiet)
-    print(cmp.format_table(cmp.summarize(rows)))
+    summary = cmp.summarize(rows)
+    if preset is not None:
+        print(f"{preset.paper}: {preset.table} ({args.scale} scale)\nclaim: {preset.claim}")
+    print(cmp.format_paper_table(summary) if epsilons else cmp.format_table(summary))
     print(f"results: {out}")
     return 0
 
@@ -702,8 +723,22 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_privacy)
 
     cmp_ = sub.add_parser("compare", help="run several algorithms at one budget; one table")
-    cmp_.add_argument("--algorithms", "-a", default="all", help="all, or a,b,c")
+    cmp_.add_argument(
+        "--algorithms", "-a", default=None, help="all, or a,b,c (default: all, or the preset's)"
+    )
     _add_config_args(cmp_)
+    cmp_.add_argument(
+        "--epsilons",
+        metavar="E1,E2,...",
+        help="run every algorithm at each target epsilon (DIR/eps<E>/...); table algorithm x eps",
+    )
+    cmp_.add_argument(
+        "--scale",
+        choices=["paper", "cpu"],
+        default="paper",
+        help="with a preset --config (experiments/*.yaml): the paper's setting, or the "
+        "CPU scale on the offline digits data",
+    )
     cmp_.add_argument("--out", metavar="DIR", help="folder (default results/<timestamp>-compare)")
     cmp_.add_argument(
         "--seeds",

@@ -55,6 +55,7 @@ class LocalSpec:
     state_dir: str | None = None
     clients_per_batch: int | None = None  # vectorised group size; None: from memory
     memory_format: str = "contiguous"  # model.memory_format: auto | contiguous | channels_last
+    model_init: str = "default"  # model.init: default | zeros
     device: str = "cpu"  # ray.worker_device: auto | cpu | cuda (see resolve_worker_device)
     gpu_share: float = 0.0  # this worker's Ray GPU fraction (sizes vectorised groups)
     secure: bool = False  # release mode: client-side noise from the OS CSPRNG
@@ -177,6 +178,7 @@ def init_process_model(
     num_threads: int,
     memory_format: str = "contiguous",
     device: torch.device | str = "cpu",
+    model_init: str = "default",
 ) -> nn.Module:
     """Pin this process's torch threads and build the run's initial model (same on
     every process: it is drawn on the CPU from the (seed, MODEL_INIT) stream, then
@@ -184,7 +186,7 @@ def init_process_model(
     :func:`resolve_memory_format`)."""
     torch.set_num_threads(max(1, int(num_threads)))
     init = rngs.torch_gen(seed, rngs.MODEL_INIT)
-    model = build_model(model_name, dataset.input_shape, dataset.num_classes, init)
+    model = build_model(model_name, dataset.input_shape, dataset.num_classes, init, model_init)
     device = torch.device(device)
     model = model.to(device)
     if resolve_memory_format(memory_format, model, device) == "channels_last":
@@ -332,7 +334,13 @@ class ClientWorker:
         if self.device.type == "cuda":
             configure_cuda_numerics()
         self.model = init_process_model(
-            spec.seed, spec.model_name, dataset, spec.num_threads, spec.memory_format, self.device
+            spec.seed,
+            spec.model_name,
+            dataset,
+            spec.num_threads,
+            spec.memory_format,
+            self.device,
+            spec.model_init,
         )
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]

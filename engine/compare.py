@@ -30,10 +30,27 @@ def parse_algorithms(spec: str) -> list[str]:
 
 
 def plan(
-    config: RunConfig, algorithms: list[str], out: Path, seeds: list[int] | None = None
+    config: RunConfig,
+    algorithms: list[str],
+    out: Path,
+    seeds: list[int] | None = None,
+    epsilons: list[float] | None = None,
 ) -> list[RunConfig]:
     """One config per (seed, algorithm). Without ``seeds``: runs under
-    ``out/<algorithm>/`` at ``config.seed``; with seeds: ``out/seed<k>/<algorithm>/``."""
+    ``out/<algorithm>/`` at ``config.seed``; with seeds: ``out/seed<k>/<algorithm>/``.
+    With ``epsilons`` (a paper table's columns): the same under ``out/eps<e>/`` for
+    each target ε, σ calibrated to it (``privacy.noise_multiplier`` cleared)."""
+    if epsilons:
+        return [
+            c
+            for e in epsilons
+            for c in plan(
+                replace(config, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}),
+                algorithms,
+                Path(out) / f"eps{e:g}",
+                seeds,
+            )
+        ]
     if seeds:
         return [
             replace(config, algorithm=a, seed=s, out=str(Path(out) / f"seed{s}" / a))
@@ -75,6 +92,7 @@ def run(configs: list[RunConfig], out: Path, progress: bool = True) -> pd.DataFr
             res = simulate(c, progress=progress)
             acc = res.rounds["test_accuracy"].dropna()
             row = {
+                "epsilon_target": c.privacy.epsilon if c.is_private else math.inf,
                 "algorithm": c.algorithm,
                 "seed": c.seed,
                 "private": RECIPES[c.algorithm].private,
@@ -106,9 +124,10 @@ def compare(
     out: Path,
     progress: bool = True,
     seeds: list[int] | None = None,
+    epsilons: list[float] | None = None,
 ) -> pd.DataFrame:
-    """Run each algorithm (for each seed); return :func:`summarize` of the runs."""
-    configs = plan(config, algorithms, out, seeds)
+    """Run each algorithm (for each seed and ε); return :func:`summarize` of the runs."""
+    configs = plan(config, algorithms, out, seeds, epsilons)
     validate(configs)
     Path(out).mkdir(parents=True, exist_ok=True)
     return summarize(run(configs, Path(out), progress))
@@ -121,8 +140,11 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per algorithm, best mean final accuracy first: every column's mean over
     seeds, ``<metric>_std`` (sample standard deviation; NaN for one seed) for the
     accuracies, and ``seeds``, the number of runs."""
-    numeric = [c for c in rows.columns if c not in ("algorithm", "private", "seed")]
-    grouped = rows.groupby("algorithm", sort=False)
+    keys = ["algorithm"]
+    if "epsilon_target" in rows and rows["epsilon_target"].nunique() > 1:
+        keys = ["epsilon_target", "algorithm"]  # a table over several budgets
+    numeric = [c for c in rows.columns if c not in ("algorithm", "private", "seed", *keys)]
+    grouped = rows.groupby(keys, sort=False)
     table = grouped[numeric].mean()
     for m in METRICS:
         if m in rows:
@@ -130,12 +152,17 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     table["private"] = grouped["private"].first()
     table["seeds"] = grouped.size()
     table = table.reset_index()
+    if len(keys) > 1:
+        return table.sort_values(
+            ["epsilon_target", "final_accuracy"], ascending=[True, False], ignore_index=True
+        )
     return table.sort_values("final_accuracy", ascending=False, ignore_index=True)
 
 
 def format_table(summary: pd.DataFrame) -> str:
     """The printed table; accuracies as ``mean ± std`` when there are several seeds."""
     cols = [
+        "epsilon_target",
         "algorithm",
         "private",
         "epsilon",
@@ -147,6 +174,8 @@ def format_table(summary: pd.DataFrame) -> str:
         "wall_time_s_nonprivate",
     ]
     cols = [c for c in cols if c in summary]
+    if "epsilon_target" in summary and summary["epsilon_target"].nunique() <= 1:
+        cols.remove("epsilon_target")  # one budget: the epsilon column says it
     shown = summary[cols].copy()
     several = "seeds" in summary and int(summary["seeds"].max()) > 1
     if several:
@@ -161,3 +190,34 @@ def format_table(summary: pd.DataFrame) -> str:
     if several:
         text += "\n(accuracies: mean ± sample std over seeds; other columns: mean)"
     return text
+
+
+def format_paper_table(summary: pd.DataFrame, metric: str = "final_accuracy") -> str:
+    """A paper table's shape: one row per algorithm, one column per target ε, cells
+    ``mean ± std`` of ``metric`` over seeds, and the ε the accountant computed for
+    each column underneath (per algorithm the mean over seeds, then the largest over
+    the algorithms; the runs of one column share σ, sampling and rounds, so equal)."""
+    if "epsilon_target" not in summary:
+        return format_table(summary)
+    cell = {
+        (r["algorithm"], r["epsilon_target"]): (
+            f"{r[metric]:.4f} ± {r[metric + '_std']:.3f}"
+            if f"{metric}_std" in summary and not math.isnan(r[metric + "_std"])
+            else f"{r[metric]:.4f}"
+        )
+        for _, r in summary.iterrows()
+    }
+    algos = list(dict.fromkeys(summary["algorithm"]))
+    targets = sorted(set(summary["epsilon_target"]))
+    frame = pd.DataFrame(
+        {f"eps={e:g}": [cell.get((a, e), "") for a in algos] for e in targets},
+        index=pd.Index(algos, name="algorithm"),
+    )
+    achieved = summary.groupby("epsilon_target")["epsilon"].max()
+    spent = ", ".join(f"eps={e:g}: {achieved[e]:.4g}" for e in targets if e in achieved)
+    n = int(summary["seeds"].max()) if "seeds" in summary else 1
+    return (
+        f"{metric} (mean ± sample std over {n} seed(s))\n"
+        f"{frame.to_string()}\n"
+        f"epsilon computed by the accountant (largest over the algorithms): {spent}"
+    )

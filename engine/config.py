@@ -48,10 +48,14 @@ class DatasetConfig:
     synthetic_classes: int = 10
     synthetic_mean_samples: int = 60
     public_eval_clients: int | None = None
+    # Input preprocessing of image sources (standardize | unit_interval); None:
+    # the source's own recipe (standardize for torchvision and digits, LEAF's [0, 1]).
+    normalize: str | None = None
 
     def __post_init__(self) -> None:
         names = (
             "synthetic",
+            "digits",
             "mnist",
             "emnist",
             "cifar10",
@@ -82,6 +86,30 @@ class DatasetConfig:
             self.partition,
             f"natural clients exist only for {natural_ok}; "
             f"use iid or dirichlet for dataset.name={self.name}",
+        )
+        modes = {
+            "standardize": ("mnist", "emnist", "cifar10", "cifar100", "svhn", "digits"),
+            "unit_interval": (
+                "mnist",
+                "emnist",
+                "cifar10",
+                "cifar100",
+                "svhn",
+                "digits",
+                "femnist",
+            ),
+        }
+        _check(
+            self.normalize is None or self.normalize in modes,
+            "dataset.normalize",
+            self.normalize,
+            "must be null (the source's recipe), standardize or unit_interval",
+        )
+        _check(
+            self.normalize is None or self.name in modes[self.normalize],
+            "dataset.normalize",
+            self.normalize,
+            f"applies to dataset.name in {modes.get(self.normalize or '', ())}, not {self.name}",
         )
         _check(
             self.synthetic_model in ("shared", "per_client"),
@@ -121,10 +149,20 @@ class ModelConfig:
 
     name: str = "mlp"
     memory_format: str = "auto"
+    init: str = "default"  # default: PyTorch's layer init from the seed; zeros (logreg)
 
     def __post_init__(self) -> None:
         names = ("logreg", "mlp", "cnn", "resnet10_gn", "resnet18_gn", "char_lstm")
         _check(self.name in names, "model.name", self.name, f"must be one of {names}")
+        _check(
+            self.init in ("default", "zeros"), "model.init", self.init, "must be default or zeros"
+        )
+        _check(
+            self.init != "zeros" or self.name == "logreg",
+            "model.init",
+            self.init,
+            f"zeros is valid only for model.name=logreg (a convex model), not {self.name}",
+        )
         formats = ("auto", "contiguous", "channels_last")
         _check(
             self.memory_format in formats,
@@ -286,6 +324,7 @@ class AlgoConfig:
     beta: float | None = None
     sigma_ls: float | None = None
     ls_scope: str = "tensor"
+    ls_local: str = "project"  # DP-Fed-LS local bounding: project (paper) or clip_once
     sparsity: float | None = None
     topk_site: str = "server"
     randk_rescale: bool = False
@@ -310,10 +349,16 @@ class AlgoConfig:
             "must be in [0, 1]",
         )
         _check(
-            self.ls_scope in ("tensor", "model"),
+            self.ls_scope in ("tensor", "model", "weights"),
             "algo.ls_scope",
             self.ls_scope,
-            "must be tensor or model",
+            "must be tensor, model or weights",
+        )
+        _check(
+            self.ls_local in ("project", "clip_once"),
+            "algo.ls_local",
+            self.ls_local,
+            "must be project (per-step ball projection) or clip_once",
         )
         _check(
             self.topk_site in ("server", "client"),
@@ -630,7 +675,13 @@ def load_config(
     and ``key=value`` overrides, in that order."""
     tree: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     if path is not None:
-        tree = _merge(tree, read_yaml_mapping(path))
+        loaded = read_yaml_mapping(path)
+        if "preset" in loaded:  # engine.presets: a paper table, several runs
+            raise ConfigError(
+                f"--config {str(path)!r}: is a paper preset (preset: section); run it with "
+                "dpfl compare --config FILE [--scale cpu]"
+            )
+        tree = _merge(tree, loaded)
     for item in overrides or []:
         key, value = parse_override(item)
         _set_path(tree, key, value)

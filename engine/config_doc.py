@@ -20,7 +20,8 @@ KEY_HELP: dict[str, str] = {
     "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
     "rounds": "number of rounds T",
     "out": "results folder (null: results/<timestamp>-<algorithm>); never overwritten",
-    "dataset.name": "synthetic, mnist, emnist, cifar10, cifar100, svhn, femnist, shakespeare",
+    "dataset.name": "synthetic, digits (sklearn 8x8, offline), mnist, emnist, cifar10, "
+    "cifar100, svhn, femnist, shakespeare",
     "dataset.root": "folder holding the dataset files (null for synthetic)",
     "dataset.download": "let torchvision download missing files (online only)",
     "dataset.num_clients": "N; for natural partitions, the first N writers/roles",
@@ -39,8 +40,11 @@ KEY_HELP: dict[str, str] = {
         "synthetic/LEAF: clients (writers) held out of the population as the public "
         "test set; null: ceil(N/10)"
     ),
+    "dataset.normalize": "image inputs: standardize (public per-channel constants) or "
+    "unit_interval ([0, 1]); null: the source's recipe",
     "model.name": "logreg, mlp, cnn, resnet10_gn, resnet18_gn, char_lstm",
     "model.memory_format": "auto, contiguous or channels_last (conv layout; same maths)",
+    "model.init": "default (PyTorch layer init from the seed) or zeros (logreg only)",
     "sampling.mode": "poisson (each client joins with prob. rate) or fixed (cohort_size)",
     "sampling.rate": "Poisson sampling probability q in (0, 1]",
     "sampling.cohort_size": "m clients per round for sampling.mode=fixed",
@@ -78,7 +82,10 @@ KEY_HELP: dict[str, str] = {
     "algo.asam": "adaptive SAM (null: the recipe's default)",
     "algo.beta": "PGN gradient mixing weight in [0, 1] (null: recipe default)",
     "algo.sigma_ls": "Laplacian smoothing strength (null: recipe default)",
-    "algo.ls_scope": "Laplacian smoothing per tensor or over the whole model",
+    "algo.ls_scope": "Laplacian smoothing per tensor, over the whole model, or weights "
+    "(each weight tensor of >= 2 dims; biases unsmoothed)",
+    "algo.ls_local": "DP-Fed-LS local bounding: project (ball after every step, the paper) "
+    "or clip_once (clip the final update only)",
     "algo.sparsity": "kept fraction (top-k, rand-k) or zeroed fraction (LUS)",
     "algo.topk_site": "top-k of the noisy aggregate (server) or before clipping (client)",
     "algo.randk_rescale": "rand-k: scale kept coordinates by d/k",

@@ -22,6 +22,10 @@
 
 No model has buffers: the engine treats ``model.parameters()`` as the complete model state.
 
+``init="zeros"`` (config ``model.init``, logistic regression only) sets every parameter to
+zero after building, as the DP-Fed-LS paper's convex experiments start from w = 0; the
+seed is still drawn from ``generator`` so the RNG streams advance the same either way.
+
 Initialisation is deterministic given ``generator``: an integer seed is drawn from it and the
 model is built under :func:`torch.random.fork_rng` with the CPU generator seeded from it, so two
 builds from equally seeded generators are identical and the global RNG state is left untouched.
@@ -36,7 +40,7 @@ from functools import partial
 import torch
 from torch import nn
 
-__all__ = ["MODEL_NAMES", "CharLSTM", "build_model", "num_parameters"]
+__all__ = ["INIT_MODES", "MODEL_NAMES", "CharLSTM", "build_model", "num_parameters"]
 
 MODEL_NAMES: tuple[str, ...] = (
     "logreg",
@@ -46,6 +50,11 @@ MODEL_NAMES: tuple[str, ...] = (
     "resnet18_gn",
     "char_lstm",
 )
+
+#: ``model.init`` values: PyTorch's default layer initialisation, or all zeros.
+INIT_MODES: tuple[str, ...] = ("default", "zeros")
+#: Models for which a zero start is sensible (convex: no symmetry to break).
+ZERO_INIT_MODELS: tuple[str, ...] = ("logreg",)
 
 #: Number of GroupNorm groups in the GN-ResNets.
 RESNET_GN_GROUPS = 2
@@ -170,6 +179,7 @@ def build_model(
     input_shape: tuple[int, ...],
     num_classes: int,
     generator: torch.Generator | None = None,
+    init: str = "default",
 ) -> nn.Module:
     """Build a freshly initialised model by name.
 
@@ -180,6 +190,8 @@ def build_model(
         generator: Source of the initialisation seed. Equally seeded generators give identical
             parameters. With ``None`` the seed is drawn from the global RNG (which then advances
             by that one draw); with a generator the global RNG state is left unchanged.
+        init: ``"default"`` (PyTorch's layer init) or ``"zeros"`` (every parameter 0;
+            only for :data:`ZERO_INIT_MODELS`).
 
     Returns:
         The model on the CPU, in training mode, with no buffers.
@@ -192,6 +204,10 @@ def build_model(
         raise ValueError(f"model.name={name} is not one of {', '.join(MODEL_NAMES)}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    if init not in INIT_MODES:
+        raise ValueError(f"model.init={init!r} is not one of {', '.join(INIT_MODES)}")
+    if init == "zeros" and name not in ZERO_INIT_MODELS:
+        raise ValueError(f"model.init=zeros is valid only for {ZERO_INIT_MODELS}, not {name}")
     input_shape = tuple(int(s) for s in input_shape)
     if not input_shape or any(s < 1 for s in input_shape):
         raise ValueError(f"input_shape must be non-empty and positive, got {input_shape}")
@@ -202,6 +218,10 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         model = _BUILDERS[name](input_shape, num_classes)
+    if init == "zeros":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
     return model
 
 

@@ -67,6 +67,7 @@ class ServerSpec:
     secure: bool = False  # release mode: cohorts and noise from the OS CSPRNG
     adaptive: Any = None  # engine.privacy.adaptive_clip.AdaptiveClipSpec (clip_mode=adaptive)
     audit: Any = None  # engine.audit.AuditSpec (eval.audit_canaries > 0)
+    model_init: str = "default"  # model.init: default | zeros
 
 
 def sample_cohort(spec: SamplingSpec, seed: int, rnd: int, secure: bool = False) -> np.ndarray:
@@ -102,7 +103,9 @@ class Server:
 
         self.dataset = dataset
         self.spec = spec
-        self.model = init_process_model(spec.seed, spec.model_name, dataset, spec.num_threads)
+        self.model = init_process_model(
+            spec.seed, spec.model_name, dataset, spec.num_threads, model_init=spec.model_init
+        )
         self.weights = flatten_params(self.model)  # float32 (d,)
         self.shapes = [tuple(p.shape) for p in self.model.parameters() if p.requires_grad]
         self.pipeline = build_pipeline(

@@ -251,6 +251,7 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         state_dir=state_dir,
         clients_per_batch=cfg.ray.clients_per_worker_batch,
         memory_format=cfg.model.memory_format,
+        model_init=cfg.model.init,
         device=cfg.ray.worker_device,
         secure=cfg.privacy.secure_noise,
     )
@@ -276,6 +277,7 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         secure=cfg.privacy.secure_noise,
         adaptive=prep.adaptive,
         audit=prep.audit,
+        model_init=cfg.model.init,
     )
     if cfg.ray.executor == "local":
         return LocalExecutor(prep.dataset, server, local, cfg.ray.num_workers)

@@ -198,9 +198,16 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
                 _set_path(tree, key, value)
         load_config(base=tree, overrides=ns.set)
     elif ns.command == "compare":
+        from engine.presets import read_preset
+
         _require_absolute("--out", ns.out)
-        parse_algorithms(ns.algorithms)
-        load_config(config_path if local_config else None, ns.set)
+        preset = read_preset(config_path) if config_path and local_config else None
+        if preset is not None:  # a paper preset (experiments/*.yaml)
+            parse_algorithms(ns.algorithms or ",".join(preset.algorithms))
+            load_config(base=preset.tree(ns.scale), overrides=ns.set)
+        else:
+            parse_algorithms(ns.algorithms or "all")
+            load_config(config_path if local_config else None, ns.set)
     else:
         config = load_config(config_path if local_config else None, ns.set)
         if ns.out:

@@ -41,7 +41,7 @@ PARTITIONS = ("algorithm", "epsilon_budget")
 TUNE_STREAM = 9  # rng stream of random-search samples
 #: Columns every row carries (NaN where unused) so that all files of the dataset share
 #: one schema: pandas/pyarrow read a directory with the first file's schema.
-STRING_COLUMNS = ("ls_scope",)
+STRING_COLUMNS = ("ls_scope", "ls_local")
 
 
 def hyperparameter_columns() -> list[str]:

@@ -22,6 +22,12 @@ The per-tensor scope (default) follows the DP-Fed-LS reference code: each parame
 tensor is flattened in PyTorch's natural (row-major) order and smoothed on its own, so
 for a ``Linear`` weight of shape (out, in) neighbours are adjacent inputs of one output
 unit.
+
+``scope="weights"`` smooths only the weight tensors (those with two or more
+dimensions: ``Linear``/``Conv`` weights, each flattened row-major on its own) and leaves
+every 1-D tensor (biases, GroupNorm affine parameters) exactly as it was: the
+independent MNIST loop of issue 14 smooths the (10, 784) logistic-regression weight and
+not its bias. ``scope="model"`` smooths the whole concatenated vector at once.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import torch
 
 __all__ = ["SCOPES", "laplacian_smooth", "smooth_flat"]
 
-SCOPES: tuple[str, ...] = ("tensor", "model")
+SCOPES: tuple[str, ...] = ("tensor", "model", "weights")
 
 
 def _check_sigma(sigma_ls: float) -> float:
@@ -89,7 +95,8 @@ def smooth_flat(
         shapes: Shapes of those tensors, in the order of concatenation.
         sigma_ls: Smoothing strength ``σ_ls >= 0``.
         scope: ``"tensor"`` smooths each tensor's own segment separately (the DP-Fed-LS
-            reference code); ``"model"`` smooths the whole vector at once.
+            reference code); ``"model"`` smooths the whole vector at once;
+            ``"weights"`` smooths each tensor of >= 2 dims and copies 1-D ones (biases).
 
     Returns:
         A new 1-D tensor of ``flat``'s shape and dtype.
@@ -111,4 +118,12 @@ def smooth_flat(
         return laplacian_smooth(flat, sigma)
     if not sizes:
         return flat.clone()
-    return torch.cat([laplacian_smooth(seg, sigma) for seg in torch.split(flat, sizes)])
+    segments = torch.split(flat, sizes)
+    if scope == "weights":
+        return torch.cat(
+            [
+                laplacian_smooth(seg, sigma) if len(shape) >= 2 else seg.clone()
+                for seg, shape in zip(segments, shapes)
+            ]
+        )
+    return torch.cat([laplacian_smooth(seg, sigma) for seg in segments])

@@ -9,6 +9,8 @@ Public evaluation set (README, "Privacy"): the global test set, on which
 population, so those columns are public:
 
 * torchvision sources: the official test split (separate images from the training split);
+* digits: a fixed 20% of scikit-learn's bundled images, never given to a client
+  (:mod:`engine.data.digits`);
 * synthetic: ``dataset.public_eval_clients`` extra clients from the same generator,
   disjoint from the population (they never train);
 * LEAF: the last ``dataset.public_eval_clients`` writers/roles (in order of first
@@ -46,6 +48,14 @@ def check_dataset_files(cfg) -> None:  # cfg: engine.config.DatasetConfig
         from engine.data.torchvision_sources import check_torchvision_files
 
         check_torchvision_files(cfg.name, cfg.root, cfg.emnist_split)
+    elif cfg.name == "digits":
+        import importlib.util
+
+        if importlib.util.find_spec("sklearn") is None:
+            raise DatasetFilesMissing(
+                "dataset.name=digits needs scikit-learn (pip install 'dpfl[dev]' or "
+                "pip install scikit-learn)"
+            )
     elif cfg.name in LEAF:
         from engine.data.leaf import check_leaf_files
 
@@ -69,10 +79,17 @@ def load_pooled(cfg, rng: np.random.Generator, public_clients: int = 0) -> Poole
             mean_samples=cfg.synthetic_mean_samples,
             public_clients=public_clients,
         )
+    normalize = getattr(cfg, "normalize", None)
+    if cfg.name == "digits":
+        from engine.data.digits import load_digits_source
+
+        return load_digits_source(normalize)
     if cfg.name in TORCHVISION:
         from engine.data.torchvision_sources import load_torchvision_source
 
-        return load_torchvision_source(cfg.name, cfg.root, cfg.download, cfg.emnist_split)
+        return load_torchvision_source(
+            cfg.name, cfg.root, cfg.download, cfg.emnist_split, normalize or "standardize"
+        )
     if cfg.name in LEAF:
         from engine.data.leaf import load_leaf_source
 
@@ -146,6 +163,11 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         pooled, x_test, y_test = hold_out_public(pooled, k_pub, cfg.name)
         kind = "clients" if cfg.name == "synthetic" else "writers/roles"
         eval_source = f"public: {k_pub} held-out {kind}"
+    elif cfg.name == "digits":  # engine.data.digits: a fixed split no client ever holds
+        from engine.data.digits import DIGITS_TEST_FRACTION
+
+        x_test, y_test = pooled.x_test, pooled.y_test
+        eval_source = f"public: fixed held-out {DIGITS_TEST_FRACTION:.0%} of the digits"
     else:
         x_test, y_test = pooled.x_test, pooled.y_test
         eval_source = "public: official test split"

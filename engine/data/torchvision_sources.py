@@ -213,11 +213,17 @@ def _read_svhn(path: str) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(images, dtype=np.uint8), labels
 
 
-def _normalise(images: np.ndarray, name: str) -> np.ndarray:
-    """uint8 NCHW -> float32 scaled to [0, 1], then (x - mean) / std per channel."""
+def _normalise(images: np.ndarray, name: str, normalize: str = "standardize") -> np.ndarray:
+    """uint8 NCHW -> float32 scaled to [0, 1]; with ``standardize`` then (x - mean) / std
+    per channel with the published constants of :data:`NORMALIZATION` (never statistics
+    of the run's clients). ``unit_interval`` stops at [0, 1] (``dataset.normalize``)."""
+    if normalize not in ("standardize", "unit_interval"):
+        raise ValueError(f"dataset.normalize={normalize!r}: expected standardize or unit_interval")
     mean, std = NORMALIZATION[name]
     x = images.astype(np.float32)
     x *= np.float32(1.0 / 255.0)
+    if normalize == "unit_interval":
+        return x
     x -= np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
     x /= np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
     return x
@@ -238,7 +244,11 @@ def _read_split(name: str, paths: list[str], emnist_split: str) -> tuple[np.ndar
 
 
 def load_torchvision_source(
-    name: str, root: str | None, download: bool = False, emnist_split: str = "byclass"
+    name: str,
+    root: str | None,
+    download: bool = False,
+    emnist_split: str = "byclass",
+    normalize: str = "standardize",
 ) -> PooledData:
     """Load ``name`` (mnist, emnist, cifar10, cifar100, svhn) from ``root``.
 
@@ -247,6 +257,7 @@ def load_torchvision_source(
         root: Folder in torchvision's layout (see the module docstring).
         download: Download with torchvision when files are missing (needs network).
         emnist_split: EMNIST split (byclass, bymerge, balanced, letters, digits, mnist).
+        normalize: ``standardize`` (published per-channel constants) or ``unit_interval``.
 
     Returns:
         :class:`PooledData` with normalised float32 NCHW images, int64 labels and
@@ -282,9 +293,9 @@ def load_torchvision_source(
                 f"expected [0, {num_classes})"
             )
     return PooledData(
-        x_train=_normalise(x_train, name),
+        x_train=_normalise(x_train, name, normalize),
         y_train=y_train.astype(np.int64),
-        x_test=_normalise(x_test, name),
+        x_test=_normalise(x_test, name, normalize),
         y_test=y_test.astype(np.int64),
         num_classes=num_classes,
         input_shape=tuple(int(d) for d in x_train.shape[1:]),

@@ -332,3 +332,23 @@ def test_read_idx_rejects_bad_files(tmp_path) -> None:
         f.write((0x0801).to_bytes(4, "big") + (5).to_bytes(4, "big") + b"\1\2")
     with pytest.raises(ValueError, match="holds 2 bytes"):
         read_idx(path)
+
+
+def test_unit_interval_keeps_pixels_in_0_1_and_standardize_uses_published_constants(
+    tmp_path,
+) -> None:
+    """``dataset.normalize=unit_interval``: x = pixel / 255 exactly, in [0, 1]; the
+    default standardises with the published constants, not with the data's statistics
+    (so one client's images never change another's)."""
+    arrays = write_mnist(str(tmp_path), np.random.default_rng(1))
+    unit = load_torchvision_source("mnist", str(tmp_path), normalize="unit_interval")
+    std = load_torchvision_source("mnist", str(tmp_path))
+    assert unit.x_train.min() >= 0.0 and unit.x_train.max() <= 1.0
+    np.testing.assert_allclose(
+        unit.x_train[:, 0], arrays["train-images-idx3-ubyte"] / 255.0, rtol=0, atol=1e-7
+    )
+    np.testing.assert_allclose(std.x_train, (unit.x_train - 0.1307) / 0.3081, rtol=1e-5)
+    # fixed constants: the standardised images are not re-centred on their own mean
+    assert float(std.x_train.mean()) != pytest.approx(0.0, abs=1e-3)
+    with pytest.raises(ValueError, match="dataset.normalize"):
+        load_torchvision_source("mnist", str(tmp_path), normalize="zscore")

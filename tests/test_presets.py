@@ -1,0 +1,178 @@
+"""Paper presets (experiments/*.yaml) and dpfl compare over a list of epsilons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from engine.cli import main
+from engine.config import ConfigError, load_config
+from engine.presets import read_preset
+from engine.privacy.accounting import compute_epsilon
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
+
+
+def test_there_is_a_preset_per_seed_table() -> None:
+    names = {p.stem for p in PRESETS}
+    assert {"dp_fed_ls_mnist_logreg", "dp_fedavg_mnist_cnn", "dp_fedsam_noniid"} <= names
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_builds_a_valid_config_at_both_scales(path: Path) -> None:
+    preset = read_preset(path)
+    assert preset is not None
+    for scale in ("paper", "cpu"):
+        cfg = load_config(None, [], base=preset.tree(scale))
+        assert cfg.dataset.name == ("digits" if scale == "cpu" else cfg.dataset.name)
+        assert cfg.dataset.name != "digits" or scale == "cpu"  # paper scale: the paper's data
+        for a in preset.algorithms:
+            load_config(None, [f"algorithm={a}"], base=preset.tree(scale))
+    # the paper scale states the paper's numbers, e.g. DP-Fed-LS's q = 0.05, C = 0.3, T = 30
+    if path.stem == "dp_fed_ls_mnist_logreg":
+        cfg = load_config(None, [], base=preset.tree("paper"))
+        assert (cfg.sampling.rate, cfg.privacy.clip_norm, cfg.rounds) == (0.05, 0.3, 30)
+        assert (cfg.local.epochs, cfg.local.batch_size, cfg.model.name) == (5, 10, "logreg")
+        assert cfg.dataset.num_clients == 1000 and preset.epsilons == (1.0, 6.0)
+
+
+def test_a_preset_is_not_a_run_config_and_says_how_to_run_it() -> None:
+    with pytest.raises(ConfigError, match="paper preset.*dpfl compare"):
+        load_config(PRESETS[0])
+
+
+def test_bad_preset_sections_name_the_key(tmp_path) -> None:
+    p = tmp_path / "x.yaml"
+    p.write_text("preset: {paper: a, table: b, claim: c, algorithms: [dp_fedavg], scales: {}}\n")
+    with pytest.raises(ConfigError, match=r"^preset.epsilons: missing"):
+        read_preset(p)
+    p.write_text(
+        "preset: {paper: a, table: b, claim: c, algorithms: [dp_fedavg], epsilons: [0],"
+        " scales: {cpu: {}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"^preset.epsilons="):
+        read_preset(p)
+    p.write_text(
+        "preset: {paper: a, table: b, claim: c, algorithms: [dp_fedavg], epsilons: [1],"
+        " scales: {laptop: {}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"^preset.scales: unknown"):
+        read_preset(p)
+
+
+@pytest.mark.slow
+def test_compare_runs_a_preset_table_over_epsilons_and_seeds(capsys, tmp_path) -> None:
+    """A tiny preset: 2 algorithms x 2 epsilons x 2 seeds. Every run lands in its own
+    folder, σ is calibrated per ε (ε computed <= target, from the accountant), and the
+    printed table has one row per algorithm and one column per ε with mean ± std."""
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(
+        """
+preset:
+  paper: test
+  table: tiny
+  claim: none
+  algorithms: [dp_fedavg, dp_fed_ls]
+  epsilons: [2, 8]
+  scales:
+    cpu:
+      dataset: {name: digits, num_clients: 40, client_test_fraction: 0.0}
+      ray: {executor: local}
+model: {name: logreg}
+rounds: 2
+sampling: {rate: 0.5}
+local: {epochs: 1, batch_size: 16}
+eval: {every: 2}
+"""
+    )
+    out = tmp_path / "c"
+    args = ["compare", "-q", "--config", str(preset), "--scale", "cpu", "--seeds", "0,1"]
+    assert main([*args, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = pd.read_parquet(out / "compare.parquet")
+    assert len(rows) == 8
+    for e in (2, 8):
+        for s in (0, 1):
+            for a in ("dp_fedavg", "dp_fed_ls"):
+                assert (out / f"eps{e}" / f"seed{s}" / a / "rounds.parquet").is_file()
+        sub = rows[rows.epsilon_target == e]
+        assert (sub["epsilon"] <= e + 1e-9).all()
+        z = float(sub["noise_multiplier"].iloc[0])
+        cfg = load_config(None, [], base=read_preset(preset).tree("cpu"))
+        from engine.simulate import plan_privacy
+
+        plan = plan_privacy(load_config(None, [f"privacy.epsilon={e}"], base=read_preset(
+            preset).tree("cpu")))  # fmt: skip
+        recomputed = compute_epsilon(z, plan.sampling, cfg.rounds, plan.delta, plan.accountant)
+        assert sub["epsilon"].iloc[0] == pytest.approx(recomputed, rel=1e-9)
+    # σ differs by budget: more noise for the smaller ε
+    z_by_eps = rows.groupby("epsilon_target")["noise_multiplier"].first()
+    assert z_by_eps[2] > z_by_eps[8]
+    header = next(line for line in text.splitlines() if "eps=2" in line)
+    assert "eps=8" in header
+    for a in ("dp_fedavg", "dp_fed_ls"):
+        g = rows[(rows.algorithm == a) & (rows.epsilon_target == 8)]["final_accuracy"]
+        line = next(x for x in text.splitlines() if x.startswith(a + " "))
+        assert f"{g.mean():.4f} ± {g.std(ddof=1):.3f}" in line
+
+
+def test_dpfl_submit_validates_a_preset_compare_before_submitting(tmp_path) -> None:
+    from engine.submit import validate_dpfl_args
+
+    preset = "experiments/dp_fed_ls_mnist_logreg.yaml"
+    ns = validate_dpfl_args(
+        ["compare", "--config", preset, "--scale", "cpu", "--out", str(tmp_path / "o")], ROOT
+    )
+    assert ns.scale == "cpu" and ns.algorithms is None
+    with pytest.raises(ConfigError, match=r"^model.init="):
+        validate_dpfl_args(
+            ["compare", "--config", preset, "--out", "/abs/o", "--set", "model.init=ones"], ROOT
+        )
+    with pytest.raises(ConfigError, match="--algorithms"):
+        validate_dpfl_args(["compare", "--config", preset, "--out", "/o", "-a", "nope"], ROOT)
+
+
+def test_compare_epsilons_plan_clears_sigma_and_nests_folders(tmp_path) -> None:
+    from engine.compare import plan
+
+    cfg = load_config(overrides=["privacy.noise_multiplier=2", "privacy.epsilon=null"])
+    configs = plan(cfg, ["dp_fedavg", "fedavg"], tmp_path, [0, 1], [1.0, 4.0])
+    assert len(configs) == 8
+    assert {(c.privacy.epsilon, c.privacy.noise_multiplier) for c in configs} == {
+        (1.0, None),
+        (4.0, None),
+    }
+    assert configs[0].out == str(tmp_path / "eps1" / "seed0" / "dp_fedavg")
+    assert configs[-1].out == str(tmp_path / "eps4" / "seed1" / "fedavg")
+
+
+def test_paper_table_cells_are_mean_and_sample_std_per_algorithm_and_epsilon() -> None:
+    from engine.compare import format_paper_table, summarize
+
+    rows = pd.DataFrame(
+        {
+            "epsilon_target": [1.0, 1.0, 1.0, 1.0, 6.0, 6.0, 6.0, 6.0],
+            "algorithm": ["a", "a", "b", "b"] * 2,
+            "seed": [0, 1] * 4,
+            "private": [True] * 8,
+            "epsilon": [0.99, 0.98, 0.99, 0.97, 5.9, 5.95, 5.9, 5.99],
+            "noise_multiplier": [3.0] * 4 + [1.0] * 4,
+            "final_accuracy": [0.5, 0.7, 0.6, 0.6, 0.8, 0.9, 0.95, 0.85],
+            "best_accuracy": [0.5, 0.7, 0.6, 0.6, 0.8, 0.9, 0.95, 0.85],
+            "wall_time_s": [1.0] * 8,
+        }
+    )
+    summary = summarize(rows)
+    assert len(summary) == 4  # one row per (epsilon, algorithm)
+    text = format_paper_table(summary)
+    line_a = next(x for x in text.splitlines() if x.startswith("a "))
+    line_b = next(x for x in text.splitlines() if x.startswith("b "))
+    # a: eps=1 -> mean 0.6, std sqrt(0.02) = 0.141; eps=6 -> 0.85 ± 0.071
+    assert "0.6000 ± 0.141" in line_a and "0.8500 ± 0.071" in line_a
+    assert "0.6000 ± 0.000" in line_b and "0.9000 ± 0.071" in line_b
+    assert line_a.index("0.6000") < line_a.index("0.8500")  # columns in ε order
+    # the accountant's ε per column: mean over seeds, largest over the algorithms
+    assert "eps=1: 0.985, eps=6: 5.945" in text
