@@ -1,7 +1,7 @@
 """Shared pieces of the independent reference implementations (imports nothing from dpfl).
 
 Everything here is written from the papers' pseudo-code as summarised in the project's
-docs/ALGORITHMS.md, in plain torch (float64, functional models, autograd for
+docs/algorithms.md, in plain torch (float64, functional models, autograd for
 gradients), so that ``tests/reference/test_parity.py`` can check dpfl against code that
 shares none of dpfl's implementation. Public randomness (cohorts, minibatch orders,
 the Gaussian noise draws, rand-k masks) is *input* here: the test reads it from dpfl's
@@ -212,7 +212,7 @@ def laplacian_smooth_dense(v: torch.Tensor, sigma: float) -> torch.Tensor:
 def smooth(v: torch.Tensor, shapes_: list[tuple[int, ...]], sigma: float, scope: str):
     """Smooth each parameter tensor's row-major segment (``tensor``) or the whole vector
     (``model``); ``tensor_transposed`` smooths a (out, in) weight along its columns
-    instead, the ordering mistake ALGORITHMS.md §4 warns about (for the tests only)."""
+    instead, the ordering mistake docs/algorithms.md §4 warns about (for the tests only)."""
     if scope == "model":
         return laplacian_smooth_dense(v, sigma)
     sizes = [math.prod(s) for s in shapes_]

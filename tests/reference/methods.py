@@ -1,6 +1,6 @@
 """Independent reference implementations of the paper methods (imports nothing from dpfl).
 
-Written from the papers' pseudo-code as the project's docs/ALGORITHMS.md states it
+Written from the papers' pseudo-code as the project's docs/algorithms.md states it
 (§1–§7), one plain round loop with each method's local rule and server rule spelled
 out. Public randomness is passed in (see ``tests/reference/common.py``):
 
@@ -71,7 +71,7 @@ PGN_METHODS = {"dp_fedpgn", "dp_fedpgn_ls"}
 
 @dataclass
 class Setting:
-    """Hyperparameters of one reference run (names follow ALGORITHMS.md)."""
+    """Hyperparameters of one reference run (names follow docs/algorithms.md)."""
 
     method: str
     model: str = "logreg"

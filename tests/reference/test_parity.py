@@ -12,7 +12,7 @@ Each case also switches the method's own ingredient off *in the reference only*
 (``ablate``) and asserts that the result then moves by far more than the tolerance:
 a parity that would hold with the ingredient missing would prove nothing.
 
-Departures of dpfl from the papers (privacy fixes, ALGORITHMS.md §2, §3, §5) are pinned
+Departures of dpfl from the papers (privacy fixes, docs/algorithms.md §2, §3, §5) are pinned
 below the parity cases: the reference implements the paper's form, and the tests
 assert that the difference is exactly what the departure predicts.
 """
@@ -96,7 +96,7 @@ CASES: dict[str, tuple[Setting, dict]] = {
         Setting("dp_fedpgn", beta=0.3, rho=0.2, steps=3, **PRIV),
         {"beta": 1.0, "rho": 0.0},
     ),
-    # PGN's steps are plain (x ← x − η g, ALGORITHMS.md §7): a configured momentum and
+    # PGN's steps are plain (x ← x − η g, docs/algorithms.md §7): a configured momentum and
     # weight decay are ignored; the decayed η_t enters the drift and γ = η_t·K.
     "dp_fedpgn_seed_optimiser": (
         Setting("dp_fedpgn", beta=0.3, rho=0.2, steps=3, **PRIV, **SEED_OPT),
@@ -112,7 +112,7 @@ CASES: dict[str, tuple[Setting, dict]] = {
     ),
 }
 
-# Adaptive quantile clipping (Andrew et al. 2021), ALGORITHMS.md §7's private
+# Adaptive quantile clipping (Andrew et al. 2021), docs/algorithms.md §7's private
 # alternative to DP-FedPGN's median clipping: C_t moves with the released count.
 ADAPTIVE = {"clip_mode": "adaptive", "target_quantile": 0.5, "clip_lr": 0.5, "count_stddev": 1.0}
 CASES["dp_fedavg_adaptive_clip"] = (
@@ -190,7 +190,7 @@ def test_dpfl_equals_reference_fixed_cohorts(case: str) -> None:
 @pytest.mark.parametrize("method", ["dp_fedavg", "dp_fedpgn"])
 def test_empty_poisson_cohorts(method: str) -> None:
     """A round whose Poisson cohort is empty is pure noise over the public
-    denominator q·N (ALGORITHMS.md §0 rule 3), in dpfl as in the reference."""
+    denominator q·N (docs/algorithms.md §0 rule 3), in dpfl as in the reference."""
     s = Setting(method, rounds=5, steps=3, **PRIV)
     st = Streams(s, PROB, rate=0.1)
     sizes = [len(c) for c in st.cohorts]
@@ -206,7 +206,7 @@ VECTORISABLE = [
 
 
 def test_dp2_personal_accuracy_is_own_head_on_own_split() -> None:
-    """DP²-FedSAM's reported ``personal_accuracy`` (ALGORITHMS.md §6) is, over all
+    """DP²-FedSAM's reported ``personal_accuracy_nonprivate`` (docs/algorithms.md §6) is, over all
     clients, the global body with the client's own head (the global head if it never
     trained) on the client's held-out split; recomputed here from the reference."""
     import torch
@@ -229,7 +229,9 @@ def test_dp2_personal_accuracy_is_own_head_on_own_split() -> None:
         correct += int((logits.argmax(1).numpy() == PROB.y[idx]).sum())
         total += len(idx)
     assert 0 < len(heads) < len(PROB.client_test)  # both kinds of client are present
-    assert info["rows"][-1]["personal_accuracy"] == pytest.approx(correct / total, abs=1e-12)
+    assert info["rows"][-1]["personal_accuracy_nonprivate"] == pytest.approx(
+        correct / total, abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("case", VECTORISABLE)
@@ -265,7 +267,7 @@ def _one_client_round(s: Setting) -> tuple[np.ndarray, np.ndarray, Streams]:
 )
 def test_departure_noise_on_all_coordinates(method: str, kept: float) -> None:
     """Fed-SMP top-k and LUS: the papers add noise on the kept coordinates only; dpfl
-    adds it on all d (the mask is data-dependent, ALGORITHMS.md §0 rule 4). With one
+    adds it on all d (the mask is data-dependent, docs/algorithms.md §0 rule 4). With one
     client and one round, dpfl − paper must be 0 on exactly the k kept coordinates and
     γ·σC·ξ_j/m on every other one."""
     s = Setting(method, rounds=1, sparsity=kept if method == "fedsmp_topk" else 1 - kept, **PRIV)
@@ -356,7 +358,7 @@ def test_adaptive_clip_centred_count() -> None:
 
 def test_departure_fedavg_uniform_mean() -> None:
     """FedAvg (McMahan et al. 2017) weights client updates by their example counts
-    n_i; dpfl's fedavg takes the uniform mean over the cohort (ALGORITHMS.md §1), the
+    n_i; dpfl's fedavg takes the uniform mean over the cohort (docs/algorithms.md §1), the
     same weights DP-FedAvg must use with a public denominator. Pinned: with unequal
     client sizes dpfl differs from the n_i-weighted paper form; with equal sizes (the
     departure predicts no difference) they agree to float tolerance."""
