@@ -238,17 +238,31 @@ def gaussian_pair_epsilon(
 
 
 def gaussian_fit_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> float:
-    """ε estimate: Gaussians fitted to the two sets of statistics, then the ε of that
-    pair at ``delta``. NaN with fewer than two finite statistics in a set."""
+    """ε estimate: the Gaussian *shift* model fitted to the two sets of statistics — the
+    means of each set and one pooled standard deviation — then the ε at ``delta`` of the
+    Gaussian mechanism N(0, σ²) vs N(Δ, σ²) with Δ = mean(inserted) − mean(held out).
+
+    One shared variance, because the Gaussian mechanism moves the mean only. Fitting a
+    variance per set lets the sampling noise of the two standard deviations (about
+    1/√(2K) relative with K canaries, 7 % at K = 100) read as privacy loss: a variance
+    ratio of 1.1 with equal means alone is ε ≈ 1.6 at δ = 1e-5, and in dpfl runs at an
+    accounted ε = 1 that estimator reported 1.2–3.7. NaN with fewer than two finite
+    statistics in a set."""
     ins = np.asarray(inserted, dtype=np.float64)
     out = np.asarray(held_out, dtype=np.float64)
     ins, out = ins[np.isfinite(ins)], out[np.isfinite(out)]
     if len(ins) < 2 or len(out) < 2:
         return math.nan
-    sd1, sd0 = float(ins.std(ddof=1)), float(out.std(ddof=1))
-    tiny = 1e-12 * max(abs(float(ins.mean())), abs(float(out.mean())), 1e-300)
-    sd1, sd0 = max(sd1, tiny), max(sd0, tiny)
-    return gaussian_pair_epsilon(float(ins.mean()), sd1, float(out.mean()), sd0, delta)
+    shift = float(ins.mean()) - float(out.mean())
+    pooled = float(
+        np.sqrt(
+            ((len(ins) - 1) * ins.var(ddof=1) + (len(out) - 1) * out.var(ddof=1))
+            / (len(ins) + len(out) - 2)
+        )
+    )
+    if pooled <= 1e-12 * max(abs(shift), 1e-300):
+        return math.inf if shift != 0 else 0.0
+    return gaussian_pair_epsilon(abs(shift) / pooled, 1.0, 0.0, 1.0, delta)
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
