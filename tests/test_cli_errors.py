@@ -176,13 +176,23 @@ def test_optuna_missing_fails_before_ray_and_folders(workdir, capsys, monkeypatc
         "find_spec",
         lambda name, *a: None if name == "optuna" else real(name, *a),
     )
+    import engine.executors
+
+    def no_ray(*a, **k):  # the check must come before Ray is started or attached
+        raise AssertionError("ensure_ray called before the --search check")
+
+    import tuning.experiment
+
+    monkeypatch.setattr(engine.executors, "ensure_ray", no_ray)
+    monkeypatch.setattr(tuning.experiment, "ensure_ray", no_ray)
+    was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     before = _tree(workdir)
     assert main(["tune", "--search", "optuna", "--out", "exp2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dpfl: error: --search=optuna") and "\n" not in err
     assert "pip install optuna" in err
     assert _tree(workdir) == before
-    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert ("ray" in sys.modules and sys.modules["ray"].is_initialized()) == was_up
 
 
 @pytest.mark.parametrize(
