@@ -107,6 +107,17 @@ def trial_index(params: dict[str, Any], trial_id: str) -> int:
     return int(tail) if tail.isdigit() else zlib.crc32(trial_id.encode())
 
 
+def round_record(
+    row: dict[str, Any], event_columns: dict[str, Any], trial_id: str, hp_columns: dict[str, Any]
+) -> dict[str, Any]:
+    """One released row of a trial: the engine's row, the trial's event columns and id,
+    and its sampled hyperparameters. Where a hyperparameter's column name is also a
+    per-round column of the engine (``clip_norm`` is C_t under adaptive clipping, the
+    sampled value only its start), the engine's per-round value is kept; the sampled
+    value stays in ``trials.parquet``."""
+    return {**hp_columns, **event_columns, "trial_id": trial_id, **row}
+
+
 def trial_checkpoint_path(out: str | Path, trial_id: str) -> Path:
     """The trial's own round checkpoint (model, server and per-client state, incl.
     personal heads: not a release artefact), rewritten before every row."""
@@ -215,13 +226,8 @@ def make_trainable(
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
 
         def on_round(row: dict, executor) -> None:
-            full = {
-                **row,
-                **event_columns,
-                "trial_id": trial_id,
-                **{names[k]: v for k, v in hps.items()},
-            }
-            write_round(out, full, columns)
+            hp_columns = {names[k]: v for k, v in hps.items()}
+            write_round(out, round_record(row, event_columns, trial_id, hp_columns), columns)
 
         simulate(
             config,

@@ -85,3 +85,14 @@ def test_a_trial_that_cannot_fit_the_local_ray_is_an_error_not_a_hang(ray_sessio
     with pytest.raises(ConfigError, match=r"one trial needs 2.5 CPUs .* has 2"):
         _check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=1.0), 0.5)
     _check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=0.5), 0.5)  # fits: 1.5
+
+
+def test_a_trial_row_keeps_the_engines_per_round_clip_norm() -> None:
+    """Under adaptive clipping the engine's ``clip_norm`` is C_t; the sampled
+    ``privacy.clip_norm`` (column ``clip_norm``) is only C_0 and must not overwrite it."""
+    from tuning.trial import round_record
+
+    row = {"round": 2, "clip_norm": 0.123, "test_accuracy": 0.5}
+    out = round_record(row, {"trial_seed": 7}, "t0", {"clip_norm": 0.137, "lr": 0.1})
+    assert out["clip_norm"] == 0.123 and out["lr"] == 0.1
+    assert out["trial_id"] == "t0" and out["trial_seed"] == 7 and out["round"] == 2
