@@ -53,7 +53,7 @@ class SAMStep:
 
 @dataclass(frozen=True)
 class PGNStep:
-    """DP-FedPGN step: β∇F(w + ρ g̃/‖g̃‖) + (1 − β) g̃ with the public g̃ (ALGORITHMS §7)."""
+    """DP-FedPGN step: β∇F(w + ρ g̃/‖g̃‖) + (1 − β) g̃ with the public g̃ (docs/algorithms.md §7)."""
 
     beta: float
     rho: float

@@ -519,6 +519,11 @@ def _tune(args: argparse.Namespace) -> int:
     if args.overwrite and out.exists():
         aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
         out.rename(aside)
+    # A default name is claimed exclusively (as run and compare do); if the experiment
+    # then fails before writing anything but Ray's log, the claimed folder is removed.
+    claimed, parent_existed = None, out.parent.exists()
+    if not args.out:
+        out = claimed = _claim_out(out, overwrite=False, default=True)
     import ray
 
     from tuning.experiment import run_tune
@@ -546,6 +551,10 @@ def _tune(args: argparse.Namespace) -> int:
                 if owns_ray:
                     _shutdown_ray()
     except BaseException:
+        if claimed is not None and {p.name for p in claimed.iterdir()} <= {RAY_LOG}:
+            shutil.rmtree(claimed, ignore_errors=True)
+            if not parent_existed and not any(claimed.parent.iterdir()):
+                claimed.parent.rmdir()
         if aside is not None and not out.exists():
             aside.rename(out)
             aside = None

@@ -97,6 +97,9 @@ CASES = {
     "tune yaml syntax": (["tune", "--config", "bad.yaml", "--out", "t"], ["bad.yaml", "line 2"]),
     "tune unknown tune key": (["tune", "--config", "badtune.yaml", "--out", "t"], ["spaces"]),
     "tune unknown config key": (["tune", "--set", "foo=1", "--out", "t"], ["foo"]),
+    # a default folder is claimed before the experiment's own checks, and removed again
+    "tune unknown key, default folder": (["tune", "--set", "foo=1"], ["foo"]),
+    "tune unknown tune key, default folder": (["tune", "--config", "badtune.yaml"], ["spaces"]),
     # report
     "report no folder": (["report", "nothere"], ["nothere"]),
     "report on a compare folder": (["report", "cmp"], ["cmp", "trials.parquet", "compare"]),

@@ -11,7 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (supported): the same parser, from the dev extra
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
