@@ -311,6 +311,30 @@ def test_compare_of_only_non_private_recipes_may_not_be_given_a_budget(capsys, t
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_compare_is_quiet_too(small_overrides, tmp_path) -> None:
+    """dpfl compare on Ray: only dpfl's own lines on stderr; Ray's go to OUT/ray.log."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "engine.cli", "compare", "-q", "-a", "dp_fedavg"]
+    for o in [*small_overrides, "ray.executor=ray", "ray.num_workers=1", "rounds=2"]:
+        cmd += ["--set", o]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "c")], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    foreign = [
+        ln
+        for ln in done.stderr.splitlines()
+        if ln.strip() and not ln.startswith(("dpfl: ", "Ray dashboard: "))
+    ]
+    assert foreign == []
+    assert (tmp_path / "c" / "ray.log").read_text().startswith("# dpfl compare")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -> None:
     """Quiet by default: on stderr only dpfl's own lines; Ray's go to OUT/ray.log."""
     import subprocess

@@ -113,6 +113,12 @@ def test_interrupted_tune_resumes_without_duplicates(tmp_path) -> None:
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     check_experiment(out, rounds=3)
+    # quiet by default: neither Ray's core-worker/token lines nor Tune's status box reach
+    # the console; they are kept in OUT/ray.log
+    assert "core_worker" not in done.stderr and "token" not in done.stderr.lower()
+    for marker in ("Trial status", "TensorBoard", "\u256d"):
+        assert marker not in done.stdout, (marker, done.stdout[-2000:])
+    assert (out / "ray.log").read_text().startswith("# dpfl tune")
 
 
 def test_papernot_steinke_tune_runs_the_drawn_number_and_releases_one(ray_session, tmp_path):
