@@ -17,11 +17,13 @@ Estimation for Federated Learning" (ICLR 2024). With ``eval.audit_canaries=K``:
   x^T − x^0 (default), or, with ``eval.audit_every_round``, the maximum over rounds of
   the cosine between u and that round's model change x^{t+1} − x^t (the paper's
   all-iterates threat model).
-* The **estimate**: a Gaussian is fitted (mean, std) to the inserted canaries'
-  statistics and one to the held-out ones; the estimate is the ε at the run's δ of the
-  mechanism pair (N(μ_in, σ_in²), N(μ_out, σ_out²)) (both directions of the hockey-stick
-  divergence, exact for Gaussians via normal CDFs). The paper compares against the
-  theoretical null N(0, 1/d); held-out canaries give the same null empirically.
+* The **estimate**: a Gaussian shift model is fitted to the two sets of statistics —
+  the mean of the inserted canaries', the mean of the held-out ones and one pooled
+  standard deviation σ̂ — and the estimate is the ε at the run's δ of the Gaussian
+  mechanism N(0, σ̂²) vs N(μ_in − μ_out, σ̂²) (both directions of the hockey-stick
+  divergence, exact via normal CDFs; see :func:`gaussian_fit_epsilon` for why one
+  variance). The paper compares against the theoretical null N(0, 1/d); held-out
+  canaries give the same null empirically.
 * The **lower bound**: a threshold test. For every threshold τ among the pooled
   statistics, TPR = share of inserted canaries above τ, FPR = share of held-out ones;
   (ε, δ)-DP implies TPR ≤ e^ε FPR + δ and 1 − FPR ≤ e^ε (1 − TPR) + δ. Clopper–Pearson

@@ -196,28 +196,44 @@ def format_paper_table(summary: pd.DataFrame, metric: str = "final_accuracy") ->
     """A paper table's shape: one row per algorithm, one column per target ε, cells
     ``mean ± std`` of ``metric`` over seeds, and the ε the accountant computed for
     each column underneath (per algorithm the mean over seeds, then the largest over
-    the algorithms; the runs of one column share σ, sampling and rounds, so equal)."""
+    the algorithms; the runs of one column share σ, sampling and rounds, so equal).
+    Runs with ``eval.audit_canaries`` add a second table of the same shape whose cells
+    are the canary audit's ``estimate / lower bound`` (means over seeds), to read
+    against the accountant's ε of the column."""
     if "epsilon_target" not in summary:
         return format_table(summary)
-    cell = {
-        (r["algorithm"], r["epsilon_target"]): (
-            f"{r[metric]:.4f} ± {r[metric + '_std']:.3f}"
-            if f"{metric}_std" in summary and not math.isnan(r[metric + "_std"])
-            else f"{r[metric]:.4f}"
-        )
-        for _, r in summary.iterrows()
-    }
     algos = list(dict.fromkeys(summary["algorithm"]))
     targets = sorted(set(summary["epsilon_target"]))
-    frame = pd.DataFrame(
-        {f"eps={e:g}": [cell.get((a, e), "") for a in algos] for e in targets},
-        index=pd.Index(algos, name="algorithm"),
+
+    def by_cell(text_of) -> pd.DataFrame:
+        cell = {(r["algorithm"], r["epsilon_target"]): text_of(r) for _, r in summary.iterrows()}
+        return pd.DataFrame(
+            {f"eps={e:g}": [cell.get((a, e), "") for a in algos] for e in targets},
+            index=pd.Index(algos, name="algorithm"),
+        )
+
+    has_std = f"{metric}_std" in summary
+    frame = by_cell(
+        lambda r: (
+            f"{r[metric]:.4f} ± {r[metric + '_std']:.3f}"
+            if has_std and not math.isnan(r[metric + "_std"])
+            else f"{r[metric]:.4f}"
+        )
     )
     achieved = summary.groupby("epsilon_target")["epsilon"].max()
     spent = ", ".join(f"eps={e:g}: {achieved[e]:.4g}" for e in targets if e in achieved)
     n = int(summary["seeds"].max()) if "seeds" in summary else 1
-    return (
+    text = (
         f"{metric} (mean ± sample std over {n} seed(s))\n"
         f"{frame.to_string()}\n"
         f"epsilon computed by the accountant (largest over the algorithms): {spent}"
     )
+    estimate, lower = AUDIT_COLUMNS
+    if estimate in summary and lower in summary and summary[estimate].notna().any():
+        audit = by_cell(lambda r: f"{r[estimate]:.3g} / {r[lower]:.3g}")
+        text += (
+            "\ncanary audit, estimate / lower bound (means over seeds; diagnostics of this"
+            " run, not guarantees)\n"
+            f"{audit.to_string()}"
+        )
+    return text

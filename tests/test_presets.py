@@ -176,3 +176,31 @@ def test_paper_table_cells_are_mean_and_sample_std_per_algorithm_and_epsilon() -
     assert line_a.index("0.6000") < line_a.index("0.8500")  # columns in ε order
     # the accountant's ε per column: mean over seeds, largest over the algorithms
     assert "eps=1: 0.985, eps=6: 5.945" in text
+
+
+def test_paper_table_shows_the_canary_audit_beside_the_accountants_epsilon() -> None:
+    from engine.compare import format_paper_table, summarize
+
+    rows = pd.DataFrame(
+        {
+            "epsilon_target": [1.0, 1.0, 4.0, 4.0],
+            "algorithm": ["a", "a", "a", "a"],
+            "seed": [0, 1, 0, 1],
+            "private": [True] * 4,
+            "epsilon": [0.99, 0.99, 3.99, 3.99],
+            "final_accuracy": [0.5, 0.7, 0.8, 0.9],
+            "best_accuracy": [0.5, 0.7, 0.8, 0.9],
+            "audit_epsilon_estimate_nonprivate": [0.2, 0.4, 1.0, 2.0],
+            "audit_epsilon_lower_nonprivate": [0.0, 0.0, 0.5, 0.7],
+        }
+    )
+    text = format_paper_table(summarize(rows))
+    audit = text[text.index("canary audit") :]
+    line = next(x for x in audit.splitlines() if x.startswith("a "))
+    # means over seeds: eps=1 -> 0.3 / 0; eps=4 -> 1.5 / 0.6, in ε order
+    assert "0.3 / 0" in line and "1.5 / 0.6" in line
+    assert line.index("0.3 / 0") < line.index("1.5 / 0.6")
+    # without audit columns the section is absent
+    assert "canary audit" not in format_paper_table(
+        summarize(rows.drop(columns=["audit_epsilon_estimate_nonprivate"]))
+    )
