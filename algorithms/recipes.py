@@ -10,6 +10,7 @@ where a published recipe is not private as written, the private form is built an
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,7 +105,9 @@ def _fed_ls(a, C, z):
     return Pipeline(
         constraint=BallProjection(C) if ls_local == "project" else None,
         privatizer=_priv(C, z, a),
-        server_transforms=(LaplacianSmoothing(_pick(a.sigma_ls, 1.0), a.ls_scope),),
+        server_transforms=(
+            LaplacianSmoothing(_pick(a.sigma_ls, 1.0), a.ls_scope),
+        ),  # see build_pipeline
     )
 
 
@@ -267,10 +270,35 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def build_pipeline(name: str, algo, clip_norm: float, noise_multiplier: float) -> Pipeline:
-    """The pipeline of ``name`` with hyperparameters from ``algo`` (None → default)."""
+#: DP-Fed-LS's σ_ls when ``algo.sigma_ls`` is null, by ``model.name``. The paper smooths
+#: logistic-regression and CNN weights, whose storage order runs over image pixels, so
+#: that neighbouring coordinates are related, with σ_ls = 1. It gives no value for other
+#: models; an MLP on tabular features (the default synthetic data) has coordinates in no
+#: meaningful order, and σ_ls = 1 there removes as much signal as noise. For every model
+#: the paper does not cover dpfl uses FED_LS_SIGMA_OTHER, measured on the default data
+#: (docs/algorithms.md §4, "σ_ls by model kind").
+FED_LS_SIGMA_BY_MODEL: dict[str, float] = {"logreg": 1.0, "cnn": 1.0}
+FED_LS_SIGMA_OTHER = 0.01
+
+
+def fed_ls_default_sigma(model_name: str | None) -> float:
+    """DP-Fed-LS's default σ_ls for ``model_name`` (None: the paper's 1.0)."""
+    if model_name is None:
+        return 1.0
+    return FED_LS_SIGMA_BY_MODEL.get(model_name, FED_LS_SIGMA_OTHER)
+
+
+def build_pipeline(
+    name: str, algo, clip_norm: float, noise_multiplier: float, model_name: str | None = None
+) -> Pipeline:
+    """The pipeline of ``name`` with hyperparameters from ``algo`` (None → default).
+
+    ``model_name`` (``model.name``) selects defaults that depend on the model kind:
+    DP-Fed-LS's σ_ls (:data:`FED_LS_SIGMA_BY_MODEL`). Public config only."""
     recipe = get_recipe(name)
     C = clip_norm if recipe.private else math.inf
+    if name == "dp_fed_ls" and algo.sigma_ls is None:
+        algo = dataclasses.replace(algo, sigma_ls=fed_ls_default_sigma(model_name))
     return recipe.build(algo, C, noise_multiplier)
 
 

@@ -346,7 +346,11 @@ class ClientWorker:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [tuple(p.shape) for p in self.params]
         self.pipeline = build_pipeline(
-            spec.algorithm, spec.algo or AlgoConfig(), spec.clip_norm, spec.noise_multiplier
+            spec.algorithm,
+            spec.algo or AlgoConfig(),
+            spec.clip_norm,
+            spec.noise_multiplier,
+            spec.model_name,
         )
         self.loss_fn = nn.CrossEntropyLoss()
         self.head_mask: torch.Tensor | None = None

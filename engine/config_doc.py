@@ -81,7 +81,8 @@ KEY_HELP: dict[str, str] = {
     "algo.rho": "SAM radius (null: the recipe's default)",
     "algo.asam": "adaptive SAM (null: the recipe's default)",
     "algo.beta": "PGN gradient mixing weight in [0, 1] (null: recipe default)",
-    "algo.sigma_ls": "Laplacian smoothing strength (null: recipe default)",
+    "algo.sigma_ls": "Laplacian smoothing strength (null: recipe default; dp_fed_ls: "
+    "1.0 for logreg/cnn, 0.01 for other models)",
     "algo.ls_scope": "Laplacian smoothing per tensor, over the whole model, or weights "
     "(each weight tensor of >= 2 dims; biases unsmoothed)",
     "algo.ls_local": "DP-Fed-LS local bounding: project (ball after every step, the paper) "

@@ -109,7 +109,11 @@ class Server:
         self.weights = flatten_params(self.model)  # float32 (d,)
         self.shapes = [tuple(p.shape) for p in self.model.parameters() if p.requires_grad]
         self.pipeline = build_pipeline(
-            spec.algorithm, spec.algo or AlgoConfig(), spec.clip_norm, spec.noise_multiplier
+            spec.algorithm,
+            spec.algo or AlgoConfig(),
+            spec.clip_norm,
+            spec.noise_multiplier,
+            spec.model_name,
         )
         self.head_mask = (
             personal_mask(self.model, self.pipeline.personal.layers)

@@ -148,7 +148,11 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
         ) from None
     try:
         pipeline = build_pipeline(
-            config.algorithm, config.algo, plan.clip_norm, plan.noise_multiplier
+            config.algorithm,
+            config.algo,
+            plan.clip_norm,
+            plan.noise_multiplier,
+            config.model.name,
         )
         validate_pipeline(pipeline, model)
     except ValueError as e:

@@ -227,3 +227,39 @@ def test_client_side_noise_has_the_central_distribution() -> None:
     assert np.std(n_central) == pytest.approx(target, rel=0.05)
     assert np.std(n_local) == pytest.approx(target, rel=0.05)
     assert central.final_epsilon == local.final_epsilon
+
+
+def test_dp_fed_ls_sigma_default_follows_the_model_kind() -> None:
+    from algorithms.recipes import FED_LS_SIGMA_OTHER
+
+    def sigma(model: str | None, **algo) -> float:
+        pipe = build_pipeline("dp_fed_ls", AlgoConfig(**algo), 1.0, 1.0, model)
+        return pipe.server_transforms[0].sigma_ls
+
+    # the paper's models (weights over image pixels): σ_ls = 1
+    assert sigma("logreg") == 1.0 and sigma("cnn") == 1.0 and sigma(None) == 1.0
+    # models the paper does not cover get the measured default
+    assert FED_LS_SIGMA_OTHER != 1.0
+    for model in ("mlp", "resnet10_gn", "char_lstm"):
+        assert sigma(model) == FED_LS_SIGMA_OTHER
+    assert sigma("mlp", sigma_ls=0.3) == 0.3  # an explicit value always wins
+    # DP-FedPGN-LS keeps its own paper default whatever the model
+    pgn = build_pipeline("dp_fedpgn_ls", AlgoConfig(), 1.0, 1.0, "logreg")
+    assert pgn.server_update.smoothing.sigma_ls == 0.01
+
+
+def test_dp_fed_ls_model_kind_default_is_the_sigma_the_server_smooths_with(tmp_path) -> None:
+    from algorithms.recipes import FED_LS_SIGMA_OTHER
+
+    z = "privacy.noise_multiplier=1"
+    default = run("algorithm=dp_fed_ls", z, "model.name=mlp", f"out={tmp_path}/d", write=True)
+    explicit = run(
+        "algorithm=dp_fed_ls", z, "model.name=mlp", f"algo.sigma_ls={FED_LS_SIGMA_OTHER}"
+    )
+    paper = run("algorithm=dp_fed_ls", z, "model.name=mlp", "algo.sigma_ls=1.0")
+    # the recorded σ_ls is the one the server used: same model as the explicit value,
+    # not the paper's
+    assert np.array_equal(default.weights, explicit.weights)
+    assert not np.allclose(default.weights, paper.weights)
+    rows = pd.read_parquet(tmp_path / "d" / "rounds.parquet")
+    assert (rows["sigma_ls"] == FED_LS_SIGMA_OTHER).all()
