@@ -17,14 +17,15 @@ out. Public randomness is passed in (see ``tests/reference/common.py``):
 
 Where dpfl departs from a paper for privacy, the paper's form is available here as an
 option (``topk_site="paper"``, ``noise_on="support"``, ``pgn_clip="median"``,
-``count_centred=False``, ``weighting="examples"``), so the tests can pin the departure;
-the form dpfl implements is the other option.
+``clip_scope="tensor"``, ``count_centred=False``, ``weighting="examples"``), so the
+tests can pin the departure; the form dpfl implements is the other option.
 
 Privacy: this is test code and releases nothing. Its paper-form options are NOT
 differentially private as written (noise only on a data-dependent support reveals the
 support; a median clip norm taken from the client's own update makes the sensitivity
-and the noise scale functions of private data; per-client top-k after per-client noise
-is private only at σ/√m); they exist only to measure dpfl's departures from them.
+and the noise scale functions of private data; per-tensor clipping lets one client move
+the sum by up to C·√(#tensors) while the noise is sized for C; per-client top-k after
+per-client noise is private only at σ/√m); they exist only to measure dpfl's departures from them.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class Setting:
     count_stddev: float = 0.0  # σ_b of the released count
     count_centred: bool = True  # release Σ(b_i − ½) (sensitivity ½) or Σ b_i
     pgn_clip: str = "fixed"  # fixed C, or the paper's median of the client's layer norms
+    clip_scope: str = "model"  # model: whole update to C; tensor: each tensor to C (paper code)
     weighting: str = "uniform"  # FedAvg: uniform mean, or n_i-weighted (McMahan 2017)
     head_steps: int | None = None
     body_steps: int | None = None
@@ -311,7 +313,15 @@ def run(
                 total += clip(delta, c_i) + s.z * c_i / math.sqrt(s.denominator) * xi_i
                 continue
             unclipped += int(float(delta.norm()) <= clip_t)
-            c = clip(delta, clip_t)
+            if s.clip_scope == "tensor":
+                # DP-FedSAM reference code: each tensor clipped to C on its own, noise
+                # still sized for C (the update's norm can reach C·sqrt(#tensors))
+                sizes = [math.prod(t) for t in shp]
+                c = torch.cat([clip(v, clip_t) for v in torch.split(delta, sizes)])
+            else:
+                c = clip(delta, clip_t)
+            s.extra.setdefault("deltas", []).append(delta.clone())
+            s.extra.setdefault("clipped", []).append(c.clone())
             if s.method == "dp_fedsam_topk" and s.topk_site == "paper":
                 # paper eq. 12: each client noises its clipped update, then keeps top-k
                 m_den = s.denominator

@@ -330,6 +330,33 @@ def test_departure_pgn_fixed_clip_instead_of_median() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:sampling.mode=fixed")
+def test_departure_dp_fedsam_whole_update_clip_instead_of_per_tensor() -> None:
+    """DP-FedSAM: the paper's code clips each parameter tensor to C on its own and sizes
+    the noise for C, so one client can move the sum by up to C·sqrt(#tensors); dpfl
+    clips the whole update to C (docs/algorithms.md §5). Pinned exactly: with one client
+    and one round, dpfl − paper = γ·(clip_model(Δ) − clip_tensors(Δ))/m, with the same
+    noise, and the paper's clipped update is longer than C."""
+    s = Setting("dp_fedsam", rho=0.5, asam=True, rounds=1, clip=0.05, z=0.5, lr=0.3)
+    st = Streams(dataclasses.replace(s), PROB, fixed_cohort=1)
+    w_dpfl, _ = run_dpfl(dataclasses.replace(s), PROB, fixed_cohort=1)
+    ours = st.setting()
+    w_ours, _ = reference(ours, st)
+    assert float(np.abs(w_dpfl - w_ours).max()) < TOL
+    paper = dataclasses.replace(st.setting(), clip_scope="tensor", extra={})
+    w_paper, _ = reference(paper, st)
+    (delta,) = paper.extra["deltas"]
+    (c_tensors,) = paper.extra["clipped"]
+    (c_model,) = ours.extra["clipped"]
+    assert np.allclose(ours.extra["deltas"][0].numpy(), delta.numpy())
+    n_tensors = 2  # logistic regression: weight, bias
+    assert s.clip * 1.01 < float(c_tensors.norm()) <= s.clip * math.sqrt(n_tensors) + 1e-12
+    assert float(c_model.norm()) <= s.clip + 1e-12
+    predicted = s.server_lr * (c_model - c_tensors).numpy() / st.denominator
+    assert float(np.abs(predicted).max()) > MOVES
+    assert np.allclose(w_dpfl - w_paper, predicted, atol=TOL)
+
+
+@pytest.mark.filterwarnings("ignore:sampling.mode=fixed")
 def test_adaptive_clip_centred_count() -> None:
     """dpfl releases the centred count Σ(b_i − ½) + N(0, σ_b²) and uses
     b̃ = count/m + ½ (sensitivity ½, matching the 2σ_b in Andrew et al.'s noise split).
