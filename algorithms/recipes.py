@@ -105,9 +105,8 @@ def _fed_ls(a, C, z):
     return Pipeline(
         constraint=BallProjection(C) if ls_local == "project" else None,
         privatizer=_priv(C, z, a),
-        server_transforms=(
-            LaplacianSmoothing(_pick(a.sigma_ls, 1.0), a.ls_scope),
-        ),  # see build_pipeline
+        # σ_ls is set by build_pipeline from the model kind when the config leaves it null
+        server_transforms=(LaplacianSmoothing(_pick(a.sigma_ls, 1.0), a.ls_scope),),
     )
 
 

@@ -142,7 +142,8 @@ def verdict(preset: Preset, rows: pd.DataFrame, scale: str = "cpu") -> str:
             close.append(abs(diff) <= pooled)
         text = "reproduced" if all(wins) else "not reproduced"
         if any(close):
-            text += " (difference within one std at some ε)"
+            some = " at some ε" if len(close) > 1 else ""
+            text += f" (difference within one std{some})"
         return text
     if "reference" in rule:
         mean = rows["final_accuracy"].mean()
