@@ -105,8 +105,10 @@ def _fed_ls(a, C, z):
     return Pipeline(
         constraint=BallProjection(C) if ls_local == "project" else None,
         privatizer=_priv(C, z, a),
-        # σ_ls is set by build_pipeline from the model kind when the config leaves it null
-        server_transforms=(LaplacianSmoothing(_pick(a.sigma_ls, 1.0), a.ls_scope),),
+        # build_pipeline fills a null σ_ls from the model kind (MODEL_KIND_DEFAULTS)
+        server_transforms=(
+            LaplacianSmoothing(_pick(a.sigma_ls, fed_ls_default_sigma(None)), a.ls_scope),
+        ),
     )
 
 
@@ -287,17 +289,29 @@ def fed_ls_default_sigma(model_name: str | None) -> float:
     return FED_LS_SIGMA_BY_MODEL.get(model_name, FED_LS_SIGMA_OTHER)
 
 
+#: Hyperparameter defaults that depend on ``model.name``, per recipe: for each ``algo``
+#: key left null, a function of the model name (public config) giving its value.
+MODEL_KIND_DEFAULTS: dict[str, dict[str, Callable[[str | None], float]]] = {
+    "dp_fed_ls": {"sigma_ls": fed_ls_default_sigma},
+}
+
+
 def build_pipeline(
     name: str, algo, clip_norm: float, noise_multiplier: float, model_name: str | None = None
 ) -> Pipeline:
     """The pipeline of ``name`` with hyperparameters from ``algo`` (None → default).
 
-    ``model_name`` (``model.name``) selects defaults that depend on the model kind:
-    DP-Fed-LS's σ_ls (:data:`FED_LS_SIGMA_BY_MODEL`). Public config only."""
+    ``model_name`` (``model.name``) selects the defaults that depend on the model kind
+    (:data:`MODEL_KIND_DEFAULTS`) for keys ``algo`` leaves null. Public config only."""
     recipe = get_recipe(name)
     C = clip_norm if recipe.private else math.inf
-    if name == "dp_fed_ls" and algo.sigma_ls is None:
-        algo = dataclasses.replace(algo, sigma_ls=fed_ls_default_sigma(model_name))
+    unset = {
+        key: default(model_name)
+        for key, default in MODEL_KIND_DEFAULTS.get(name, {}).items()
+        if getattr(algo, key) is None
+    }
+    if unset:
+        algo = dataclasses.replace(algo, **unset)
     return recipe.build(algo, C, noise_multiplier)
 
 
