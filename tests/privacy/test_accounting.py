@@ -8,8 +8,7 @@ engine.privacy.accounting), with:
     acc.compose(PoissonSampledDpEvent(q, GaussianDpEvent(z)), T)
     acc.get_epsilon(delta)
 
-They agree with docs/NOTES_ACCOUNTING_AND_RAY.md (e.g. q=0.1, z=0.95, T=200,
-δ=1/500 → RDP 8.5786 / PLD 7.3012).
+For example q=0.1, z=0.95, T=200, δ=1/500 gives RDP 8.5786 / PLD 7.3012.
 """
 
 from __future__ import annotations
@@ -67,7 +66,8 @@ def test_compute_epsilon_matches_pinned_dp_accounting_values(q, z, T, delta, eps
 
 
 def test_notes_reference_values_rounded():
-    # The figures quoted in NOTES_ACCOUNTING_AND_RAY.md, to their 4 decimals.
+    # Reference figures computed directly with dp_accounting (see the module docstring),
+    # to their 4 decimals.
     spec = poisson(0.1)
     assert round(compute_epsilon(0.95, spec, 200, 1 / 500), 4) == 8.5786
     assert round(compute_epsilon(0.95, spec, 300, 1 / 500), 4) == 10.8338
