@@ -454,17 +454,20 @@ def _compare(args: argparse.Namespace) -> int:
             from engine.config import replace
 
             config = replace(config, **{"ray.executor": args.executor})
-        names = cmp.parse_algorithms(args.algorithms or ",".join(preset.algorithms))
+        variants = preset.variants
+        names = cmp.parse_algorithms(args.algorithms or ",".join(preset.algorithms), variants)
         epsilons = epsilons or list(preset.scale_epsilons(args.scale))
     else:
         if args.scale != "paper":
             raise ConfigError(f"--scale={args.scale}: needs a preset --config (experiments/)")
         config = _load(args)
+        variants = {}
         names = cmp.parse_algorithms(args.algorithms or "all")
-    _check_private(names, args)
+    recipes = list(dict.fromkeys(cmp.recipe_of(n, variants) for n in names))
+    _check_private(recipes, args)
     from engine.config import NON_PRIVATE
 
-    if epsilons and all(a in NON_PRIVATE for a in names):
+    if epsilons and all(a in NON_PRIVATE for a in recipes):
         raise ConfigError(f"--epsilons: {','.join(names)} are not private; nothing to budget")
     seeds = _seeds(args.seeds)
     out = Path(args.out) if args.out else _default_out("compare")
@@ -472,11 +475,11 @@ def _compare(args: argparse.Namespace) -> int:
         _check_out(out, "--out", args.overwrite)
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
-    cmp.validate(cmp.plan(config, names, out, seeds, epsilons))  # before any folder exists
+    cmp.validate(cmp.plan(config, names, out, seeds, epsilons, variants))  # before any folder
     out = _claim_out(out, args.overwrite, default=not args.out)
-    configs = cmp.plan(config, names, out, seeds, epsilons)  # (a default name: suffix)
+    runs = cmp.plan(config, names, out, seeds, epsilons, variants)  # (a default name: suffix)
     with _quiet_ray(out, args.verbose, config.ray.executor == "ray"):
-        rows = cmp.run(configs, out, progress=not args.quiet)
+        rows = cmp.run(runs, out, progress=not args.quiet)
     summary = cmp.summarize(rows)
     if preset is not None:
         print(f"{preset.paper}: {preset.table} ({args.scale} scale)\nclaim: {preset.claim}")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -19,14 +21,49 @@ from engine.config import ConfigError, RunConfig, replace
 AUDIT_COLUMNS = ("audit_epsilon_estimate_nonprivate", "audit_epsilon_lower_nonprivate")
 
 
-def parse_algorithms(spec: str) -> list[str]:
+Variants = Mapping[str, Mapping[str, Any]]
+
+
+class PlannedRun(NamedTuple):
+    """One run of a comparison: its table row's ``label`` (a recipe name, or a preset
+    variant's name) and the complete config it runs."""
+
+    label: str
+    config: RunConfig
+
+
+def parse_algorithms(spec: str, variants: Variants | None = None) -> list[str]:
+    """Row names from ``--algorithms``: recipe names, or ``all``; with a preset's
+    ``variants`` (named config diffs), their names too."""
     if spec.strip() == "all":
         return list(RECIPES)
+    known = [*RECIPES, *(variants or {})]
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in RECIPES]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ConfigError(f"--algorithms={spec!r}: unknown {unknown}; known: {', '.join(RECIPES)}")
+        raise ConfigError(f"--algorithms={spec!r}: unknown {unknown}; known: {', '.join(known)}")
     return names
+
+
+def recipe_of(label: str, variants: Variants | None = None) -> str:
+    """The recipe a row runs: a variant's ``algorithm``, else the label itself."""
+    return str((variants or {}).get(label, {}).get("algorithm", label))
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _row(config: RunConfig, label: str, variants: Variants | None, **changes: Any) -> PlannedRun:
+    diff = _flat((variants or {}).get(label, {}))
+    diff.setdefault("algorithm", label)
+    return PlannedRun(label, replace(config, **diff, **changes))
 
 
 def plan(
@@ -35,65 +72,71 @@ def plan(
     out: Path,
     seeds: list[int] | None = None,
     epsilons: list[float] | None = None,
-) -> list[RunConfig]:
-    """One config per (seed, algorithm). Without ``seeds``: runs under
-    ``out/<algorithm>/`` at ``config.seed``; with seeds: ``out/seed<k>/<algorithm>/``.
-    With ``epsilons`` (a paper table's columns): the same under ``out/eps<e>/`` for
-    each target ε, σ calibrated to it (``privacy.noise_multiplier`` cleared)."""
+    variants: Variants | None = None,
+) -> list[PlannedRun]:
+    """One run per (seed, row). Without ``seeds``: runs under ``out/<row>/`` at
+    ``config.seed``; with seeds: ``out/seed<k>/<row>/``. With ``epsilons`` (a paper
+    table's columns): the same under ``out/eps<e>/`` for each target ε, σ calibrated
+    to it (``privacy.noise_multiplier`` cleared). A row is a recipe name, or the name
+    of one of ``variants`` (a config diff with its own ``algorithm``, e.g. FedSGD as
+    ``fedavg`` with one full-batch step), applied on top of ``config``."""
     if epsilons:
         return [
-            c
+            r
             for e in epsilons
-            for c in plan(
+            for r in plan(
                 replace(config, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}),
                 algorithms,
                 Path(out) / f"eps{e:g}",
                 seeds,
+                variants=variants,
             )
         ]
     if seeds:
         return [
-            replace(config, algorithm=a, seed=s, out=str(Path(out) / f"seed{s}" / a))
+            _row(config, a, variants, seed=s, out=str(Path(out) / f"seed{s}" / a))
             for s in seeds
             for a in algorithms
         ]
-    return [replace(config, algorithm=a, out=str(Path(out) / a)) for a in algorithms]
+    return [_row(config, a, variants, out=str(Path(out) / a)) for a in algorithms]
 
 
-def validate(configs: list[RunConfig]) -> None:
+def validate(runs: list[PlannedRun]) -> None:
     """Every check that needs no training (data files, model, budget), for every
-    algorithm, before any folder is created or any work starts. The seed changes no
-    check, so each algorithm is checked once."""
+    row, before any folder is created or any work starts. The seed changes no
+    check, so each row is checked once."""
     from engine.simulate import prepare
 
     seen: set[str] = set()
-    for c in configs:
-        if c.algorithm not in seen:
-            seen.add(c.algorithm)
+    for label, c in runs:
+        if label not in seen:
+            seen.add(label)
             prepare(c)
 
 
-def run(configs: list[RunConfig], out: Path, progress: bool = True) -> pd.DataFrame:
-    """Run every planned config; one row per run (with its seed) in ``out/compare.parquet``,
-    rewritten after each run."""
+def run(runs: list[PlannedRun], out: Path, progress: bool = True) -> pd.DataFrame:
+    """Run every planned run; one row per run (its label as ``algorithm``, its recipe
+    as ``recipe``, its seed) in ``out/compare.parquet``, rewritten after each run."""
     from engine.simulate import simulate
 
     owns_ray = False
-    if configs[0].ray.executor == "ray":  # one Ray for all runs, not one start per method
+    first = runs[0].config
+    if first.ray.executor == "ray":  # one Ray for all runs, not one start per method
         from engine.executors import ensure_ray
 
-        owns_ray = ensure_ray(configs[0].ray)
+        owns_ray = ensure_ray(first.ray)
     rows = []
     try:
-        for i, c in enumerate(configs, 1):
+        for i, (label, c) in enumerate(runs, 1):
             if progress:
-                print(f"[{i}/{len(configs)}] {c.algorithm} seed={c.seed}", flush=True)
+                print(f"[{i}/{len(runs)}] {label} seed={c.seed}", flush=True)
             t0 = time.perf_counter()
             res = simulate(c, progress=progress)
             acc = res.rounds["test_accuracy"].dropna()
             row = {
                 "epsilon_target": c.privacy.epsilon if c.is_private else math.inf,
-                "algorithm": c.algorithm,
+                "algorithm": label,
+                "recipe": c.algorithm,
                 "seed": c.seed,
                 "private": RECIPES[c.algorithm].private,
                 "epsilon": res.final_epsilon,
@@ -127,10 +170,10 @@ def compare(
     epsilons: list[float] | None = None,
 ) -> pd.DataFrame:
     """Run each algorithm (for each seed and ε); return :func:`summarize` of the runs."""
-    configs = plan(config, algorithms, out, seeds, epsilons)
-    validate(configs)
+    runs = plan(config, algorithms, out, seeds, epsilons)
+    validate(runs)
     Path(out).mkdir(parents=True, exist_ok=True)
-    return summarize(run(configs, Path(out), progress))
+    return summarize(run(runs, Path(out), progress))
 
 
 METRICS = ("final_accuracy", "best_accuracy", "personal_accuracy_nonprivate")
@@ -143,12 +186,15 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     keys = ["algorithm"]
     if "epsilon_target" in rows and rows["epsilon_target"].nunique() > 1:
         keys = ["epsilon_target", "algorithm"]  # a table over several budgets
-    numeric = [c for c in rows.columns if c not in ("algorithm", "private", "seed", *keys)]
+    labels = ("algorithm", "recipe", "private", "seed")
+    numeric = [c for c in rows.columns if c not in (*labels, *keys)]
     grouped = rows.groupby(keys, sort=False)
     table = grouped[numeric].mean()
     for m in METRICS:
         if m in rows:
             table[f"{m}_std"] = grouped[m].std(ddof=1)
+    if "recipe" in rows:
+        table["recipe"] = grouped["recipe"].first()
     table["private"] = grouped["private"].first()
     table["seeds"] = grouped.size()
     table = table.reset_index()

@@ -15,6 +15,11 @@ in the file is an ordinary config diff shared by both scales::
     model: {name: logreg}                      # shared config diff
     ...
 
+A row may be a *variant* rather than a recipe: ``variants:`` maps a row name to a
+config diff with its own ``algorithm`` (FedAvg's table compares local-step settings
+of one recipe, e.g. ``fedsgd: {algorithm: fedavg, local: {epochs: 1, batch_size:
+600}}``); the diff applies on top of the scale's config for that row only.
+
 A scale may set its own ``epsilons`` (e.g. fewer columns at CPU scale); otherwise the
 preset's apply. ``dpfl compare --config experiments/X.yaml [--scale cpu] --seeds 0,1,2``
 runs every algorithm at every ε and prints the table algorithm × ε with mean ± std.
@@ -49,6 +54,11 @@ class Preset:
     scales: dict[str, dict[str, Any]]
     common: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def recipe(self, row: str) -> str:
+        """The recipe a row of the table runs (a variant's ``algorithm``, or the row)."""
+        return str(self.variants.get(row, {}).get("algorithm", row))
 
     def tree(self, scale: str) -> dict[str, Any]:
         """The config diff of ``scale`` (common part, then the scale's keys)."""
@@ -99,7 +109,23 @@ def read_preset(path: str | Path) -> Preset | None:
     unknown = [s for s in scales if s not in SCALES]
     if unknown:
         raise ConfigError(f"preset.scales: unknown scale(s) {unknown}; known: {SCALES}")
-    known = {"paper", "table", "claim", "algorithms", "epsilons", "scales"}
+    variants = section.get("variants") or {}
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise ConfigError(f"preset.variants={variants!r}: expected a mapping of row -> config")
+    from algorithms import RECIPES
+
+    for row, diff in variants.items():
+        if diff.get("algorithm") not in RECIPES:
+            raise ConfigError(
+                f"preset.variants.{row}.algorithm={diff.get('algorithm')!r}: "
+                f"expected a recipe name ({', '.join(RECIPES)})"
+            )
+    missing = [a for a in algorithms if a not in RECIPES and a not in variants]
+    if missing:
+        raise ConfigError(
+            f"preset.algorithms: {missing} are neither recipes nor preset.variants in {path}"
+        )
+    known = {"paper", "table", "claim", "algorithms", "epsilons", "scales", "variants"}
     return Preset(
         path=str(path),
         paper=str(section["paper"]),
@@ -110,4 +136,5 @@ def read_preset(path: str | Path) -> Preset | None:
         scales=scales,
         common={k: v for k, v in data.items() if k != PRESET_KEY},
         meta={k: v for k, v in section.items() if k not in known},
+        variants=variants,
     )

@@ -117,12 +117,17 @@ def _mean_std(values: pd.Series) -> str:
 
 def run_preset(preset: Preset, scale: str, seeds: list[int], out: Path) -> pd.DataFrame:
     config = load_config(None, [], base=preset.tree(scale))
-    configs = cmp.plan(
-        config, list(preset.algorithms), out, seeds, list(preset.scale_epsilons(scale))
+    runs = cmp.plan(
+        config,
+        list(preset.algorithms),
+        out,
+        seeds,
+        list(preset.scale_epsilons(scale)),
+        preset.variants,
     )
-    cmp.validate(configs)
+    cmp.validate(runs)
     out.mkdir(parents=True, exist_ok=True)
-    return cmp.run(configs, out, progress=False)
+    return cmp.run(runs, out, progress=False)
 
 
 def verdict(preset: Preset, rows: pd.DataFrame, scale: str = "cpu") -> str:

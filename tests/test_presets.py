@@ -22,10 +22,10 @@ def test_there_is_a_preset_per_seed_table() -> None:
     assert {"dp_fed_ls_mnist_logreg", "dp_fedavg_mnist_cnn", "dp_fedsam_noniid"} <= names
 
 
-def test_every_paper_but_fedavgs_has_a_preset_with_a_checkable_verdict() -> None:
-    """Every recipe's paper (by its reference key) is the subject of a preset, except
-    FedAvg's, whose claim compares local-step settings, not recipes; every verdict
-    rule names algorithms of its own table and columns that compare writes."""
+def test_every_paper_has_a_preset_with_a_checkable_verdict() -> None:
+    """Every recipe's paper (by its reference key) is the subject of a preset (FedAvg's
+    through variants of one recipe: its claim compares local-step settings); every
+    verdict rule names rows of its own table and columns that compare writes."""
     from algorithms.catalog import CATALOG, PAPERS
     from engine.compare import METRICS
 
@@ -38,10 +38,50 @@ def test_every_paper_but_fedavgs_has_a_preset_with_a_checkable_verdict() -> None
             assert {rule["better"], rule["than"]} <= set(preset.algorithms), path.stem
             for algorithm, column in (rule.get("metric") or {}).items():
                 assert algorithm in preset.algorithms and column in METRICS, path.stem
-            covered |= set(CATALOG[rule["better"]].papers)
+            covered |= set(CATALOG[preset.recipe(rule["better"])].papers)
         else:
-            covered |= {p for a in preset.algorithms for p in CATALOG[a].papers}
-    assert set(PAPERS) - covered == set(CATALOG["fedavg"].papers)
+            covered |= {p for a in preset.algorithms for p in CATALOG[preset.recipe(a)].papers}
+    assert set(PAPERS) - covered == set()
+
+
+def test_fedavg_preset_rows_are_one_recipe_with_the_papers_local_work(tmp_path) -> None:
+    """FedSGD and FedAvg(E = 5, B = 10) are rows of one recipe: each row's config
+    differs from the scale's only by its variant's keys, and runs in its own folder."""
+    from engine.compare import plan
+
+    preset = read_preset(ROOT / "experiments" / "fedavg_mnist_cnn.yaml")
+    base = load_config(None, [], base=preset.tree("cpu"))
+    runs = plan(base, list(preset.algorithms), tmp_path, [0, 1], [], preset.variants)
+    assert [r.label for r in runs] == ["fedsgd", "fedavg_e5_b10"] * 2
+    by_label = {r.label: r.config for r in runs if r.config.seed == 1}
+    sgd, avg = by_label["fedsgd"], by_label["fedavg_e5_b10"]
+    assert sgd.algorithm == avg.algorithm == "fedavg"
+    # B = inf: one batch holds any client's data (digits: at most ~18 per client)
+    assert (sgd.local.epochs, sgd.local.batch_size) == (1, 600)
+    assert (avg.local.epochs, avg.local.batch_size) == (5, 10)
+    for cfg in (sgd, avg):  # nothing else moved
+        same = dataclasses.replace(base, seed=1, out=cfg.out, local=cfg.local)
+        assert cfg == same
+    assert by_label["fedsgd"].out == str(tmp_path / "seed1" / "fedsgd")
+
+
+def test_preset_variants_are_checked_and_listed_by_their_row_names(tmp_path) -> None:
+    from engine.compare import parse_algorithms
+
+    head = "preset: {paper: a, table: b, claim: c, epsilons: [], scales: {cpu: {}}, "
+    p = tmp_path / "x.yaml"
+    p.write_text(head + "algorithms: [sgd], variants: {sgd: {local: {epochs: 1}}}}\n")
+    with pytest.raises(ConfigError, match=r"^preset.variants.sgd.algorithm=None"):
+        read_preset(p)
+    p.write_text(head + "algorithms: [sgd, other], variants: {sgd: {algorithm: fedavg}}}\n")
+    with pytest.raises(ConfigError, match=r"^preset.algorithms: \['other'\]"):
+        read_preset(p)
+    p.write_text(head + "algorithms: [sgd, fedavg], variants: {sgd: {algorithm: fedavg}}}\n")
+    preset = read_preset(p)
+    assert preset.recipe("sgd") == preset.recipe("fedavg") == "fedavg"
+    assert parse_algorithms("sgd,dp_fedavg", preset.variants) == ["sgd", "dp_fedavg"]
+    with pytest.raises(ConfigError, match=r"--algorithms='sgd': unknown \['sgd'\]"):
+        parse_algorithms("sgd")  # a variant name means nothing outside its preset
 
 
 def test_fidelity_verdict_reads_the_column_the_claim_is_about() -> None:
@@ -78,8 +118,10 @@ def test_every_preset_builds_a_valid_config_at_both_scales(path: Path) -> None:
         cfg = load_config(None, [], base=preset.tree(scale))
         assert cfg.dataset.name == ("digits" if scale == "cpu" else cfg.dataset.name)
         assert cfg.dataset.name != "digits" or scale == "cpu"  # paper scale: the paper's data
-        for a in preset.algorithms:
-            load_config(None, [f"algorithm={a}"], base=preset.tree(scale))
+        from engine.compare import plan
+
+        runs = plan(cfg, list(preset.algorithms), Path("unused"), None, [], preset.variants)
+        assert [r.config.algorithm for r in runs] == [preset.recipe(a) for a in preset.algorithms]
     # the paper scale states the paper's numbers, e.g. DP-Fed-LS's q = 0.05, C = 0.3, T = 30
     if path.stem == "dp_fed_ls_mnist_logreg":
         cfg = load_config(None, [], base=preset.tree("paper"))
@@ -188,7 +230,7 @@ def test_compare_epsilons_plan_clears_sigma_and_nests_folders(tmp_path) -> None:
     from engine.compare import plan
 
     cfg = load_config(overrides=["privacy.noise_multiplier=2", "privacy.epsilon=null"])
-    configs = plan(cfg, ["dp_fedavg", "fedavg"], tmp_path, [0, 1], [1.0, 4.0])
+    configs = [r.config for r in plan(cfg, ["dp_fedavg", "fedavg"], tmp_path, [0, 1], [1.0, 4.0])]
     assert len(configs) == 8
     assert {(c.privacy.epsilon, c.privacy.noise_multiplier) for c in configs} == {
         (1.0, None),
@@ -253,3 +295,46 @@ def test_paper_table_shows_the_canary_audit_beside_the_accountants_epsilon() -> 
     assert "canary audit" not in format_paper_table(
         summarize(rows.drop(columns=["audit_epsilon_estimate_nonprivate"]))
     )
+
+
+def test_compare_runs_preset_variants_as_their_own_rows(capsys, tmp_path) -> None:
+    """Two rows of one recipe: compare.parquet names each by its row and its recipe,
+    each run's saved config carries its variant's keys, and the printed table has a
+    line per row."""
+    preset = tmp_path / "v.yaml"
+    preset.write_text(
+        """
+preset:
+  paper: test
+  table: tiny
+  claim: none
+  algorithms: [one_step, two_epochs]
+  variants:
+    one_step: {algorithm: fedavg, local: {epochs: 1, batch_size: 600}}
+    two_epochs: {algorithm: fedavg, local: {epochs: 2, batch_size: 4}}
+  epsilons: []
+  scales:
+    cpu:
+      dataset: {name: digits, num_clients: 40, client_test_fraction: 0.0}
+      ray: {executor: local}
+algorithm: fedavg
+model: {name: logreg}
+rounds: 1
+sampling: {rate: 0.5}
+eval: {every: 1}
+"""
+    )
+    out = tmp_path / "c"
+    args = ["compare", "-q", "--config", str(preset), "--scale", "cpu", "--out", str(out)]
+    assert main(args) == 0
+    rows = pd.read_parquet(out / "compare.parquet")
+    assert sorted(rows["algorithm"]) == ["one_step", "two_epochs"]
+    assert set(rows["recipe"]) == {"fedavg"} and not rows["private"].any()
+    import json
+
+    for row, (epochs, batch) in {"one_step": (1, 600), "two_epochs": (2, 4)}.items():
+        saved = json.loads((out / row / "config.json").read_text())["config"]
+        assert (saved["local"]["epochs"], saved["local"]["batch_size"]) == (epochs, batch)
+    text = capsys.readouterr().out
+    firsts = [x.split()[0] for x in text.splitlines() if x.strip()]
+    assert "one_step" in firsts and "two_epochs" in firsts
