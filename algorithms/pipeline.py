@@ -17,6 +17,8 @@ decided by a data-dependent mask (top-k, LUS) is rejected at construction.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +166,26 @@ class GaussianPrivatizer:
     noise_multiplier: float
     site: str = "server"
     noise_support: str = "all"
+    #: engine.privacy.adaptive_clip.AdaptiveClipSpec under privacy.clip_mode=adaptive:
+    #: ``clip_norm`` is then C_0 and the accounted z splits between the update sum
+    #: (z_Δ, :attr:`update_noise_multiplier`) and the clipped-count release.
+    adaptive: Any = None
+
+    def __post_init__(self) -> None:
+        ad = self.adaptive
+        if ad is not None and (
+            ad.noise_multiplier != self.noise_multiplier or ad.initial_clip != self.clip_norm
+        ):
+            raise ValueError(
+                f"adaptive clipping accounted for z={ad.noise_multiplier}, C0={ad.initial_clip}"
+                f" but the privatizer holds z={self.noise_multiplier}, C={self.clip_norm}"
+            )
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """The z that sizes the noise on the update sum: z_Δ under adaptive clipping
+        (the clipped-count release spends the rest of the budget), else z itself."""
+        return self.adaptive.update_noise_multiplier if self.adaptive else self.noise_multiplier
 
     def dp_event(self, sampling):
         """The DpEvent of one round (engine.privacy.accounting.SamplingSpec sampling).
@@ -263,6 +285,26 @@ class Pipeline:
                     "reveal the mask's support. Add noise on all coordinates, or use a "
                     "public rand-k mask."
                 )
+
+    @property
+    def private(self) -> bool:
+        return self.privatizer is not None
+
+    @property
+    def clip_norm(self) -> float:
+        """C (C_0 under adaptive clipping); ``inf`` for a non-private recipe."""
+        return self.privatizer.clip_norm if self.privatizer is not None else math.inf
+
+    def with_adaptive(self, adaptive: Any) -> Pipeline:
+        """This pipeline with adaptive clipping's parameters on its privatizer (one
+        object then holds C_0, the accounted z and the update's z_Δ)."""
+        if adaptive is None:
+            return self
+        if self.privatizer is None:
+            raise ValueError("adaptive clipping needs a private recipe")
+        return dataclasses.replace(
+            self, privatizer=dataclasses.replace(self.privatizer, adaptive=adaptive)
+        )
 
     @property
     def randk(self) -> RandK | None:

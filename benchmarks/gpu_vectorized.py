@@ -39,7 +39,9 @@ import bench  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from algorithms import build_pipeline  # noqa: E402
 from engine.client import ClientWorker, LocalSpec  # noqa: E402
+from engine.config import AlgoConfig  # noqa: E402
 
 
 def make_worker(
@@ -54,10 +56,10 @@ def make_worker(
         lr_decay=1.0,
         momentum=0.0,
         weight_decay=0.0,
-        clip_norm=w.clip_norm,
+        pipeline=build_pipeline(
+            "dp_fedavg", AlgoConfig(), w.clip_norm, w.noise_multiplier, w.model
+        ),
         num_threads=max(1, min(4, os.cpu_count() or 1)),
-        algorithm="dp_fedavg",
-        noise_multiplier=w.noise_multiplier,
         clients_per_batch=group,
         memory_format="auto",
         device=device,

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithms import build_pipeline
 from engine import rng as rngs
 from engine.client_state import ClientStateStore
 from engine.data.federated import FederatedDataset
@@ -45,11 +44,10 @@ class LocalSpec:
     lr_decay: float
     momentum: float
     weight_decay: float
-    clip_norm: float  # math.inf for non-private recipes
+    #: algorithms.pipeline.Pipeline, built once per run (simulate.prepare); the same
+    #: object the server holds, so C and the noise's z are read from one privatizer
+    pipeline: Any
     num_threads: int = 1
-    algorithm: str = "dp_fedavg"
-    algo: Any = None  # engine.config.AlgoConfig
-    noise_multiplier: float = 0.0
     denominator: float = 1.0
     steps: int | None = None  # exactly this many local steps per client (public K)
     state_dir: str | None = None
@@ -158,9 +156,7 @@ def client_costs(dataset: FederatedDataset, spec: LocalSpec) -> np.ndarray | Non
     """Estimated local work per client (examples processed, plus one batch for the
     per-client overhead of loading, differencing and clipping), for ``shard_cohort``;
     ``None`` for recipes with per-client state, whose shards must stay sticky."""
-    from algorithms import build_pipeline
-
-    if build_pipeline(spec.algorithm, spec.algo, spec.clip_norm, 0.0).personal is not None:
+    if spec.pipeline.personal is not None:
         return None
     sizes = np.array([len(idx) for idx in dataset.client_train], dtype=np.float64)
     bs = spec.batch_size
@@ -326,7 +322,6 @@ class ClientWorker:
     """Trains clients of a shard and returns their summed clipped updates."""
 
     def __init__(self, dataset: FederatedDataset, spec: LocalSpec) -> None:
-        from engine.config import AlgoConfig
 
         self.dataset = dataset
         self.spec = spec
@@ -345,13 +340,7 @@ class ClientWorker:
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [tuple(p.shape) for p in self.params]
-        self.pipeline = build_pipeline(
-            spec.algorithm,
-            spec.algo or AlgoConfig(),
-            spec.clip_norm,
-            spec.noise_multiplier,
-            spec.model_name,
-        )
+        self.pipeline = spec.pipeline
         self.loss_fn = nn.CrossEntropyLoss()
         self.head_mask: torch.Tensor | None = None
         self.head_params: list[torch.Tensor] = []
@@ -621,13 +610,9 @@ class ClientWorker:
         support = self.noise_support(ctx) if client_noise else None  # public, per round
         clients = np.asarray(clients, dtype=np.int64)
         # C_t: the round's public clip norm under adaptive clipping, else the fixed C.
-        clip = float((public or {}).get("clip_norm", self.spec.clip_norm))
-        # z_Δ under adaptive clipping (the count takes the rest of the accounted z), else z.
-        z_noise = float(
-            (public or {}).get(
-                "update_noise_multiplier", priv.noise_multiplier if priv is not None else 0.0
-            )
-        )
+        clip = float((public or {}).get("clip_norm", self.pipeline.clip_norm))
+        # z_Δ under adaptive clipping (the count release spends the rest of the budget), else z.
+        z_noise = priv.update_noise_multiplier if priv is not None else 0.0
         for c, delta, loss_sum, steps in self._trained_clients(global_flat, rnd, clients, ctx):
             res = clip_update(delta, clip)
             out.max_clipped_norm = max(out.max_clipped_norm, res.out_norm)

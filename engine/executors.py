@@ -226,14 +226,7 @@ class RayExecutor:
         self.costs = client_costs(dataset, local_spec)
         self.test_slices = eval_slices(len(dataset.y_test), ray_cfg.num_workers)
         self.eval_every, self.rounds = server_spec.eval_every, server_spec.rounds
-        from algorithms import build_pipeline
-
-        self.personal = (
-            build_pipeline(
-                local_spec.algorithm, local_spec.algo, local_spec.clip_norm, 0.0
-            ).personal
-            is not None
-        )
+        self.personal = local_spec.pipeline.personal is not None
         self.retries = 0  # actor losses survived so far
         self.retry_seconds = 0.0  # wall time spent re-running lost work
         pings = [w.ping.remote() for w in self.workers] + [self.server.dim.remote()]

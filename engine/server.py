@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from algorithms import build_pipeline
 from engine import rng as rngs
 from engine.client import (
     PartialSum,
@@ -48,9 +47,7 @@ from engine.privacy.mechanisms import privatize_sum
 class ServerSpec:
     seed: int
     model_name: str
-    private: bool
-    noise_multiplier: float
-    clip_norm: float
+    pipeline: Any  # algorithms.pipeline.Pipeline, built once per run (simulate.prepare)
     server_lr: float
     delta: float
     accountant: str
@@ -58,14 +55,11 @@ class ServerSpec:
     eval_every: int
     rounds: int
     num_threads: int = 1
-    algorithm: str = "dp_fedavg"
-    algo: Any = None  # engine.config.AlgoConfig
     local_lr: float = 0.1
     lr_decay: float = 1.0
     steps: int | None = None  # public K (PGN)
     membership_inference: bool = False
     secure: bool = False  # release mode: cohorts and noise from the OS CSPRNG
-    adaptive: Any = None  # engine.privacy.adaptive_clip.AdaptiveClipSpec (clip_mode=adaptive)
     audit: Any = None  # engine.audit.AuditSpec (eval.audit_canaries > 0)
     model_init: str = "default"  # model.init: default | zeros
 
@@ -99,8 +93,6 @@ class Server:
     """Global model, noise, accounting and evaluation (a Ray actor or in process)."""
 
     def __init__(self, dataset: FederatedDataset, spec: ServerSpec) -> None:
-        from engine.config import AlgoConfig
-
         self.dataset = dataset
         self.spec = spec
         self.model = init_process_model(
@@ -108,27 +100,31 @@ class Server:
         )
         self.weights = flatten_params(self.model)  # float32 (d,)
         self.shapes = [tuple(p.shape) for p in self.model.parameters() if p.requires_grad]
-        self.pipeline = build_pipeline(
-            spec.algorithm,
-            spec.algo or AlgoConfig(),
-            spec.clip_norm,
-            spec.noise_multiplier,
-            spec.model_name,
-        )
+        self.pipeline = spec.pipeline
+        self.privatizer = spec.pipeline.privatizer  # C, z, z_Δ and the DpEvent: one object
+        self.adaptive = self.privatizer.adaptive if self.privatizer is not None else None
         self.head_mask = (
             personal_mask(self.model, self.pipeline.personal.layers)
             if self.pipeline.personal is not None
             else None
         )
         self.g_tilde: torch.Tensor | None = None  # PGN: previous noisy direction (public)
+        priv = self.privatizer
         self.tracker = (
-            EpsilonTracker(spec.noise_multiplier, spec.sampling, spec.delta, spec.accountant)
-            if spec.private
+            EpsilonTracker(
+                priv.noise_multiplier,
+                spec.sampling,
+                spec.delta,
+                spec.accountant,
+                event=priv.dp_event(spec.sampling),
+            )
+            if priv is not None
             else None
         )
         self.rounds_done = 0
-        # The round's clip norm C_t: fixed, or adaptive (public, from released counts).
-        self.clip_norm = spec.adaptive.initial_clip if spec.adaptive else spec.clip_norm
+        # The round's clip norm C_t: fixed, or adaptive from C_0 (public, from released
+        # counts); inf for a non-private recipe.
+        self.clip_norm = spec.pipeline.clip_norm
         self.audit = None
         if spec.audit is not None:
             from engine.audit import CanaryAudit
@@ -167,10 +163,8 @@ class Server:
             raise RuntimeError(f"round {rnd} requested but {self.rounds_done} rounds are done")
         public = {"g_tilde": None if self.g_tilde is None else self.g_tilde.numpy()}
         cohort = sample_cohort(self.spec.sampling, self.spec.seed, rnd, self.spec.secure)
-        if self.spec.adaptive is not None:
+        if self.adaptive is not None:
             public["clip_norm"] = self.clip_norm  # C_t: clients clip (and count) with it
-            # z_Δ: the update's share of the accounted z (client-site noise uses it too)
-            public["update_noise_multiplier"] = self.spec.adaptive.update_noise_multiplier
         return cohort, self.weights.numpy(), public
 
     def noise_support(self, rnd: int) -> torch.Tensor | None:
@@ -199,14 +193,13 @@ class Server:
         summed = torch.from_numpy(total.update_sum)
         priv = pipe.privatizer
         clip_t = self.clip_norm  # C_t bounded this round's sensitivity; size noise with it
-        z_update = spec.adaptive.update_noise_multiplier if spec.adaptive else spec.noise_multiplier
         if self.audit is not None:  # canary clients' clipped updates join the sum
             summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
         if priv is not None:
             server_noise = priv.site == "server"
             avg = privatize_sum(
                 summed,
-                noise_multiplier=z_update if server_noise else 0.0,
+                noise_multiplier=priv.update_noise_multiplier if server_noise else 0.0,
                 clip_norm=clip_t,
                 denominator=spec.sampling.denominator,
                 generator=(
@@ -234,7 +227,7 @@ class Server:
         self.rounds_done = rnd + 1
         n = total.num_clients
         extra: dict = {}
-        if spec.adaptive is not None:
+        if self.adaptive is not None:
             extra = self._adapt_clip_norm(rnd, total)
         if self.audit is not None:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
@@ -271,7 +264,7 @@ class Server:
         C_t used in this round; both it and b̃ are public (derived from releases)."""
         from engine.privacy.adaptive_clip import centred_count, next_clip_norm, release_count
 
-        ad = self.spec.adaptive
+        ad = self.adaptive
         released = release_count(
             centred_count(total.num_clients, total.num_clipped),
             ad.count_stddev,

@@ -146,23 +146,22 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
             f"model.name={config.model.name!r} does not fit dataset.name="
             f"{config.dataset.name!r} (input {dataset.input_shape}): {e}"
         ) from None
-    try:
-        pipeline = build_pipeline(
-            config.algorithm,
-            config.algo,
-            plan.clip_norm,
-            plan.noise_multiplier,
-            config.model.name,
-        )
-        validate_pipeline(pipeline, model)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     from engine.audit import audit_spec
     from engine.privacy.adaptive_clip import adaptive_spec
 
     try:
         adaptive = adaptive_spec(config, plan)
         audit = audit_spec(config, plan, flatten_dim(model))
+        # The run's one pipeline: server and workers receive this object, and noise,
+        # clipping and the accountant read C, z (and z_Δ) from its privatizer.
+        pipeline = build_pipeline(
+            config.algorithm,
+            config.algo,
+            plan.clip_norm,
+            plan.noise_multiplier,
+            config.model.name,
+        ).with_adaptive(adaptive)
+        validate_pipeline(pipeline, model)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     steps = public_steps(config, pipeline)
@@ -243,13 +242,8 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         lr_decay=cfg.local.lr_decay,
         momentum=cfg.local.momentum,
         weight_decay=cfg.local.weight_decay,
-        clip_norm=plan.clip_norm if plan.private else math.inf,
+        pipeline=prep.pipeline,
         num_threads=threads,
-        algorithm=cfg.algorithm,
-        algo=cfg.algo,
-        noise_multiplier=(
-            prep.adaptive.update_noise_multiplier if prep.adaptive else plan.noise_multiplier
-        ),
         denominator=plan.sampling.denominator,
         steps=prep.steps,
         state_dir=state_dir,
@@ -262,9 +256,7 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
     server = ServerSpec(
         seed=cfg.seed,
         model_name=cfg.model.name,
-        private=plan.private,
-        noise_multiplier=plan.noise_multiplier,
-        clip_norm=plan.clip_norm,
+        pipeline=prep.pipeline,
         server_lr=cfg.server.lr,
         delta=plan.delta,
         accountant=plan.accountant,
@@ -272,14 +264,11 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         eval_every=cfg.eval.every,
         rounds=cfg.rounds,
         num_threads=threads,
-        algorithm=cfg.algorithm,
-        algo=cfg.algo,
         local_lr=cfg.local.lr,
         lr_decay=cfg.local.lr_decay,
         steps=prep.steps,
         membership_inference=cfg.eval.membership_inference,
         secure=cfg.privacy.secure_noise,
-        adaptive=prep.adaptive,
         audit=prep.audit,
         model_init=cfg.model.init,
     )

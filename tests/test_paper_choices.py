@@ -140,10 +140,7 @@ def _spec(ls_local: str, clip: float) -> LocalSpec:
         lr_decay=1.0,
         momentum=0.0,
         weight_decay=0.0,
-        clip_norm=clip,
-        algorithm="dp_fed_ls",
-        algo=AlgoConfig(ls_local=ls_local),
-        noise_multiplier=1.0,
+        pipeline=build_pipeline("dp_fed_ls", AlgoConfig(ls_local=ls_local), clip, 1.0, "logreg"),
         denominator=4.0,
         clients_per_batch=1,
     )

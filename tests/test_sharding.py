@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from algorithms import build_pipeline
 from engine.client import LocalSpec, client_costs, shard_cohort
 from engine.config import AlgoConfig
 from engine.data.federated import FederatedDataset
@@ -12,8 +13,8 @@ from engine.data.federated import FederatedDataset
 def spec(algorithm: str = "dp_fedavg", steps: int | None = None) -> LocalSpec:
     return LocalSpec(
         seed=0, model_name="logreg", epochs=2, batch_size=10, lr=0.1, lr_decay=1.0,
-        momentum=0.0, weight_decay=0.0, clip_norm=1.0, algorithm=algorithm,
-        algo=AlgoConfig(), steps=steps,
+        momentum=0.0, weight_decay=0.0,
+        pipeline=build_pipeline(algorithm, AlgoConfig(), 1.0, 0.0, "logreg"), steps=steps,
     )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms import build_pipeline
 from engine.client import ClientWorker, LocalSpec, PartialSum
 from engine.config import AlgoConfig, load_config
 from engine.data.federated import FederatedDataset
@@ -69,15 +70,13 @@ def make_spec(model: str, algorithm: str, group: int | None, **kw) -> LocalSpec:
         lr_decay=0.9,
         momentum=0.0,
         weight_decay=0.0,
-        clip_norm=0.6,
-        algorithm=algorithm,
-        algo=AlgoConfig(),
-        noise_multiplier=1.0,
         denominator=6.0,
         clients_per_batch=group,
     )
+    algo, clip = kw.pop("algo", AlgoConfig()), kw.pop("clip_norm", 0.6)
     base.update(kw)
-    return LocalSpec(**base)
+    pipeline = build_pipeline(algorithm, algo, clip, 1.0, model)
+    return LocalSpec(**base, pipeline=pipeline)
 
 
 def g_tilde(model: str, scale: float = 0.5) -> np.ndarray:

@@ -236,19 +236,28 @@ class EpsilonTracker:
     """
 
     def __init__(
-        self, noise_multiplier: float, spec: SamplingSpec, delta: float, accountant: str
+        self,
+        noise_multiplier: float,
+        spec: SamplingSpec,
+        delta: float,
+        accountant: str,
+        event: dp_accounting.DpEvent | None = None,
     ) -> None:
+        """``event`` is one round's DpEvent, e.g. the run's privatizer's ``dp_event``
+        (the server passes it, so the mechanism that noises is the one accounted);
+        default: :func:`round_event` of ``noise_multiplier``."""
         spec.check_accountant(accountant)
         self.noise_multiplier = float(noise_multiplier)
         self.spec = spec
         self.delta = float(delta)
         self.accountant = accountant
+        self.event = event if event is not None else round_event(self.noise_multiplier, spec)
         self._orders: np.ndarray | None = None
         self._rdp1: np.ndarray | None = None
         self._pld1: object | None = None  # one-round PLD, self-composed per query
         if accountant == "rdp" and self.noise_multiplier > 0:
             acc = make_accountant("rdp", spec)
-            acc.compose(round_event(self.noise_multiplier, spec), 1)
+            acc.compose(self.event, 1)
             self._orders = np.asarray(acc._orders, dtype=float)  # noqa: SLF001
             self._rdp1 = np.asarray(acc._rdp, dtype=float)  # noqa: SLF001
 
@@ -264,7 +273,7 @@ class EpsilonTracker:
             return float(eps)
         if self._pld1 is None:
             acc = make_accountant("pld", self.spec)
-            acc.compose(round_event(self.noise_multiplier, self.spec), 1)
+            acc.compose(self.event, 1)
             self._pld1 = acc._pld  # noqa: SLF001
         return float(self._pld1.self_compose(rounds).get_epsilon_for_delta(self.delta))
 

@@ -173,3 +173,41 @@ def test_accounted_epsilon_is_the_same_for_fixed_and_adaptive(tmp_path):
     assert prep.adaptive.update_noise_multiplier == pytest.approx(
         update_noise_multiplier(z_fixed, 5)
     )
+
+
+def test_one_privatizer_holds_c_z_and_the_updates_z_for_server_and_workers():
+    """The pipeline is built once: the server and every worker hold the same object,
+    the accountant's z and the noise's z_Δ and C_0 are all read from its privatizer,
+    and a privatizer whose adaptive parameters disagree with its own z or C is refused."""
+    import dataclasses
+
+    from algorithms.pipeline import GaussianPrivatizer, Pipeline
+
+    prep = prepare(
+        load_config(
+            overrides=[
+                *SMALL,
+                "privacy.clip_mode=adaptive",
+                "privacy.noise_multiplier=0.8",
+                "privacy.clip_norm=0.4",
+                "ray.executor=local",
+            ]
+        )
+    )
+    ex = make_executor(prep)
+    priv = prep.pipeline.privatizer
+    assert ex.server.pipeline is prep.pipeline
+    assert ex.worker.pipeline is prep.pipeline
+    assert priv.adaptive is prep.adaptive and priv.clip_norm == 0.4 == ex.server.clip_norm
+    assert ex.server.tracker.noise_multiplier == priv.noise_multiplier == 0.8
+    assert ex.server.tracker.event == priv.dp_event(prep.plan.sampling)  # what is accounted
+    # z_Δ > z: the count's release spends part of the budget, so the sum needs more noise
+    assert priv.update_noise_multiplier == prep.adaptive.update_noise_multiplier > 0.8
+    with pytest.raises(ValueError, match="adaptive clipping accounted for z=0.8"):
+        dataclasses.replace(priv, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="C0=0.4"):
+        dataclasses.replace(priv, clip_norm=1.0)
+    fixed = GaussianPrivatizer(clip_norm=0.4, noise_multiplier=0.8)
+    assert fixed.update_noise_multiplier == 0.8  # fixed clipping: the whole z on the sum
+    with pytest.raises(ValueError, match="needs a private recipe"):
+        Pipeline().with_adaptive(prep.adaptive)

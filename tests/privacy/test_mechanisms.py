@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms import build_pipeline
 from engine import rng as rngs
 from engine.client import PartialSum
+from engine.config import AlgoConfig
 from engine.data.federated import FederatedDataset
 from engine.privacy.accounting import SamplingSpec, compute_epsilon
 from engine.privacy.mechanisms import clip_update, gaussian_noise, privatize_sum
@@ -230,9 +232,7 @@ def make_server(seed: int = 0) -> Server:
     spec = ServerSpec(
         seed=seed,
         model_name="logreg",
-        private=True,
-        noise_multiplier=Z,
-        clip_norm=C,
+        pipeline=build_pipeline("dp_fedavg", AlgoConfig(), C, Z, "logreg"),
         server_lr=SERVER_LR,
         delta=N_CLIENTS**-1.1,
         accountant="rdp",
