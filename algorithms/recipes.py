@@ -297,12 +297,25 @@ MODEL_KIND_DEFAULTS: dict[str, dict[str, Callable[[str | None], float]]] = {
 
 
 def build_pipeline(
-    name: str, algo, clip_norm: float, noise_multiplier: float, model_name: str | None = None
+    name: str,
+    algo,
+    clip_norm: float,
+    noise_multiplier: float,
+    model_name: str | None = None,
+    recipe: Any = None,
 ) -> Pipeline:
     """The pipeline of ``name`` with hyperparameters from ``algo`` (None → default).
 
     ``model_name`` (``model.name``) selects the defaults that depend on the model kind
-    (:data:`MODEL_KIND_DEFAULTS`) for keys ``algo`` leaves null. Public config only."""
+    (:data:`MODEL_KIND_DEFAULTS`) for keys ``algo`` leaves null. ``name="custom"``
+    composes the pieces named by ``recipe`` (engine.config.RecipeConfig; see
+    :mod:`algorithms.compose`). Public config only."""
+    if name == "custom":
+        from algorithms import compose
+
+        if recipe is None:
+            raise ValueError("algorithm=custom needs a recipe: section naming its pieces")
+        return compose.build(recipe, algo, clip_norm, noise_multiplier, model_name)
     recipe = get_recipe(name)
     C = clip_norm if recipe.private else math.inf
     unset = {

@@ -87,14 +87,22 @@ def _load(args: argparse.Namespace) -> RunConfig:
     return config
 
 
-def _check_private(algorithms: list[str], args: argparse.Namespace) -> None:
+def _non_private(recipe_private: bool = True) -> set[str]:
+    """Algorithm names that add no noise (``custom`` when its recipe says private: false)."""
+    from engine.config import CUSTOM, NON_PRIVATE
+
+    return set(NON_PRIVATE) | (set() if recipe_private else {CUSTOM})
+
+
+def _check_private(
+    algorithms: list[str], args: argparse.Namespace, recipe_private: bool = True
+) -> None:
     """Privacy keys given where no algorithm is private: an error, not a silent no-op.
 
     ``dpfl compare`` may mix private recipes with non-private baselines at one budget;
-    only when every algorithm would ignore ``privacy.epsilon`` & co. is it refused."""
-    from engine.config import NON_PRIVATE
-
-    if any(a not in NON_PRIVATE for a in algorithms):
+    only when every algorithm would ignore ``privacy.epsilon`` & co. is it refused.
+    ``recipe_private``: the ``recipe.private`` of the config (for ``custom``)."""
+    if any(a not in _non_private(recipe_private) for a in algorithms):
         return
     given = _given(args.config, args.set)
     for key in PRIVACY_PROMISES:
@@ -309,7 +317,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     config = _load(args)
-    _check_private([config.algorithm], args)
+    _check_private([config.algorithm], args, config.recipe.private)
     seeds = _seeds(args.seeds)
     requested = args.out or config.out
     out = Path(requested) if requested else _default_out(config.algorithm)
@@ -464,10 +472,8 @@ def _compare(args: argparse.Namespace) -> int:
         variants = {}
         names = cmp.parse_algorithms(args.algorithms or "all")
     recipes = list(dict.fromkeys(cmp.recipe_of(n, variants) for n in names))
-    _check_private(recipes, args)
-    from engine.config import NON_PRIVATE
-
-    if epsilons and all(a in NON_PRIVATE for a in recipes):
+    _check_private(recipes, args, config.recipe.private)
+    if epsilons and all(a in _non_private(config.recipe.private) for a in recipes):
         raise ConfigError(f"--epsilons: {','.join(names)} are not private; nothing to budget")
     seeds = _seeds(args.seeds)
     out = Path(args.out) if args.out else _default_out("compare")

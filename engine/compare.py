@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from algorithms import RECIPES
-from engine.config import ConfigError, RunConfig, replace
+from engine.config import CUSTOM, ConfigError, RunConfig, replace, with_algorithm
 
 AUDIT_COLUMNS = ("audit_epsilon_estimate_nonprivate", "audit_epsilon_lower_nonprivate")
 
@@ -33,11 +33,12 @@ class PlannedRun(NamedTuple):
 
 
 def parse_algorithms(spec: str, variants: Variants | None = None) -> list[str]:
-    """Row names from ``--algorithms``: recipe names, or ``all``; with a preset's
+    """Row names from ``--algorithms``: recipe names (``custom``: the config's own
+    ``recipe:`` section), or ``all`` (the built-in recipes); with a preset's
     ``variants`` (named config diffs), their names too."""
     if spec.strip() == "all":
         return list(RECIPES)
-    known = [*RECIPES, *(variants or {})]
+    known = [*RECIPES, CUSTOM, *(variants or {})]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
@@ -62,8 +63,8 @@ def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _row(config: RunConfig, label: str, variants: Variants | None, **changes: Any) -> PlannedRun:
     diff = _flat((variants or {}).get(label, {}))
-    diff.setdefault("algorithm", label)
-    return PlannedRun(label, replace(config, **diff, **changes))
+    algorithm = diff.pop("algorithm", label)
+    return PlannedRun(label, with_algorithm(config, algorithm, **diff, **changes))
 
 
 def plan(
@@ -138,7 +139,7 @@ def run(runs: list[PlannedRun], out: Path, progress: bool = True) -> pd.DataFram
                 "algorithm": label,
                 "recipe": c.algorithm,
                 "seed": c.seed,
-                "private": RECIPES[c.algorithm].private,
+                "private": c.is_private,
                 "epsilon": res.final_epsilon,
                 "noise_multiplier": res.privacy["noise_multiplier"],
                 "final_accuracy": res.final_accuracy,

@@ -476,6 +476,49 @@ ALGORITHMS = (
     "dp_fedpgn_ls",
 )
 NON_PRIVATE = ("fedavg", "fedsam")
+#: ``algorithm: custom`` runs the pieces named in the ``recipe:`` section (algorithms.compose).
+CUSTOM = "custom"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeConfig:
+    """A user-composed recipe, read only with ``algorithm: custom`` (algorithms.compose):
+    the pieces by name; their parameters are the ``algo.*`` keys."""
+
+    private: bool = True
+    step: str = "sgd"
+    regularizer: str | None = None
+    constraint: str | None = None
+    client_transforms: tuple[str, ...] = ()
+    noise_support: str = "all"
+    server_transforms: tuple[str, ...] = ()
+    personal: bool = False
+
+    def __post_init__(self) -> None:
+        from algorithms import compose
+
+        def one_of(key: str, value: Any, names: tuple[str, ...]) -> None:
+            _check(value in names, f"recipe.{key}", value, f"must be one of {', '.join(names)}")
+
+        one_of("step", self.step, compose.STEPS)
+        if self.regularizer is not None:
+            one_of("regularizer", self.regularizer, compose.REGULARIZERS)
+        if self.constraint is not None:
+            one_of("constraint", self.constraint, compose.CONSTRAINTS)
+        for name in self.client_transforms:
+            one_of("client_transforms", name, compose.CLIENT_TRANSFORMS)
+        for name in self.server_transforms:
+            one_of("server_transforms", name, compose.SERVER_TRANSFORMS)
+        one_of("noise_support", self.noise_support, compose.NOISE_SUPPORTS)
+        for key in ("client_transforms", "server_transforms"):
+            names = getattr(self, key)
+            _check(len(set(names)) == len(names), f"recipe.{key}", list(names), "repeats a piece")
+        _check(
+            self.private or self.noise_support == "all",
+            "recipe.noise_support",
+            self.noise_support,
+            "needs recipe.private=true (a non-private recipe adds no noise)",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -493,14 +536,28 @@ class RunConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     def __post_init__(self) -> None:
         _check(
-            self.algorithm in ALGORITHMS,
+            self.algorithm in (*ALGORITHMS, CUSTOM),
             "algorithm",
             self.algorithm,
-            f"must be one of {ALGORITHMS}",
+            f"must be one of {ALGORITHMS} or {CUSTOM!r} (with a recipe: section)",
         )
+        if self.algorithm != CUSTOM and self.recipe != RecipeConfig():
+            changed = [
+                f.name
+                for f in dataclasses.fields(RecipeConfig)
+                if getattr(self.recipe, f.name) != f.default
+            ]
+            _check(
+                False,
+                f"recipe.{changed[0]}",
+                getattr(self.recipe, changed[0]),
+                f"a recipe: section is read only with algorithm={CUSTOM} "
+                f"(algorithm={self.algorithm} is a built-in recipe)",
+            )
         _check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
         n = self.dataset.num_clients
@@ -553,6 +610,8 @@ class RunConfig:
 
     @property
     def is_private(self) -> bool:
+        if self.algorithm == CUSTOM:
+            return self.recipe.private
         return self.algorithm not in NON_PRIVATE
 
     def to_dict(self) -> dict[str, Any]:
@@ -611,6 +670,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key}={value!r}: expected a string")
+    if origin is tuple:  # tuple[str, ...]: a YAML list, or a comma-separated string
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{key}={value!r}: expected a list of names")
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
@@ -701,6 +766,15 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def with_algorithm(config: RunConfig, algorithm: str, **changes: Any) -> RunConfig:
+    """``config`` run by ``algorithm`` (plus dotted ``changes``). A built-in recipe gets
+    the default ``recipe:`` section: a config's composed recipe belongs to its
+    ``custom`` row only, so ``dpfl compare``/``tune`` can set it beside built-in ones."""
+    if algorithm != CUSTOM:
+        changes = {"recipe": dataclasses.asdict(RecipeConfig()), **changes}
+    return replace(config, algorithm=algorithm, **changes)
 
 
 def replace(config: RunConfig, **changes: Any) -> RunConfig:

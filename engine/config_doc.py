@@ -16,7 +16,7 @@ import yaml
 from engine.config import DEFAULT_EPSILON, RunConfig
 
 KEY_HELP: dict[str, str] = {
-    "algorithm": "the recipe; one of `dpfl algorithms`",
+    "algorithm": "the recipe; one of `dpfl algorithms`, or custom (the recipe: section)",
     "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
     "rounds": "number of rounds T",
     "out": "results folder (null: results/<timestamp>-<algorithm>); never overwritten",
@@ -96,6 +96,15 @@ KEY_HELP: dict[str, str] = {
     "algo.personal_layers": "DP2-FedSAM: number of last Linear layers kept personal",
     "algo.noise_site": "add noise at the server, or at clients (fixed-size sampling only)",
     "algo.client_state": "per-client state in memory or on disk under out/client_state/",
+    "recipe.private": "algorithm=custom: clip to C and add calibrated noise (false: neither)",
+    "recipe.step": "algorithm=custom: local step rule, sgd, sam or pgn (with PGN's drift)",
+    "recipe.regularizer": "algorithm=custom: null or blur (penalise updates longer than C)",
+    "recipe.constraint": "algorithm=custom: null or ball (project onto the C-ball each step)",
+    "recipe.client_transforms": "algorithm=custom: before clipping, any of topk, randk, lus",
+    "recipe.noise_support": "algorithm=custom: all, or public_mask (rand-k's public mask only)",
+    "recipe.server_transforms": "algorithm=custom: after the noise, any of "
+    "laplacian_smoothing, server_topk",
+    "recipe.personal": "algorithm=custom: personal heads kept on each client (DP2-FedSAM)",
     "server.lr": "server step: x <- x + lr * (noisy mean update)",
     "ray.executor": "ray (actors) or local (in process, identical results)",
     "ray.address": "attach to a running cluster, e.g. auto (null: start a local Ray)",

@@ -160,6 +160,7 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
             plan.clip_norm,
             plan.noise_multiplier,
             config.model.name,
+            config.recipe,
         ).with_adaptive(adaptive)
         validate_pipeline(pipeline, model)
     except ValueError as e:

@@ -28,7 +28,14 @@ from typing import Any
 
 import pandas as pd
 
-from engine.config import ConfigError, RunConfig, load_config, read_yaml_mapping, replace
+from engine.config import (
+    ConfigError,
+    RunConfig,
+    load_config,
+    read_yaml_mapping,
+    replace,
+    with_algorithm,
+)
 from engine.executors import ensure_ray
 from tuning import selection
 from tuning.spaces import space_for, to_tune
@@ -266,7 +273,7 @@ def run_tune(
         raise ConfigError(f"--num-samples={num_samples}: must be >= 1")
     if not epsilons or any(e <= 0 for e in epsilons):
         raise ConfigError(f"--epsilons={epsilons}: each must be > 0")
-    spaces = {a: space_for(a, tune_section.get("space")) for a in algorithms}
+    spaces = {a: space_for(a, tune_section.get("space"), config.recipe) for a in algorithms}
     try:
         for a in algorithms:
             selection.check_mode(
@@ -284,8 +291,8 @@ def run_tune(
     for a in algorithms:  # every budget must be reachable before any work starts
         for e in epsilons:
             plan_privacy(
-                replace(
-                    config, algorithm=a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
+                with_algorithm(
+                    config, a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
                 )
             )
     head = float(tune_section.get("head_cpus", HEAD_CPUS))

@@ -7,7 +7,8 @@ a distribution spec: ``{"type": "uniform"|"loguniform", "low": a, "high": b}``,
 
 A YAML override is ``tune: {space: {all: {...}, <recipe>: {...}}}``: entries under
 ``all`` apply to every recipe, entries under a recipe's name to that recipe; a key
-mapped to ``null`` is removed from the space.
+mapped to ``null`` is removed from the space. A composed recipe (``algorithm: custom``,
+algorithms.compose) starts from the ranges of the pieces it names, under ``custom``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import copy
 from typing import Any
 
 from algorithms import RECIPES
-from engine.config import ConfigError, load_config
+from engine.config import CUSTOM, ConfigError, RecipeConfig, load_config
 
 COMMON: dict[str, dict[str, Any]] = {
     "privacy.clip_norm": {"type": "loguniform", "low": 0.1, "high": 3.0},
@@ -76,9 +77,19 @@ def _sample_value(key: str, spec: dict[str, Any]) -> Any:
     )
 
 
-def validate_space(algorithm: str, space: dict[str, dict[str, Any]]) -> None:
-    """Reject unknown or meaningless hyperparameter names with a clear error."""
-    recipe = RECIPES[algorithm]
+def _hyperparameters(algorithm: str, recipe: Any = None) -> tuple[str, ...]:
+    """The ``algo.*`` keys ``algorithm`` reads (a composed recipe's from its pieces)."""
+    if algorithm == CUSTOM:
+        from algorithms import compose
+
+        return compose.hyperparameters(recipe if recipe is not None else RecipeConfig())
+    return RECIPES[algorithm].hyperparameters
+
+
+def validate_space(algorithm: str, space: dict[str, dict[str, Any]], recipe: Any = None) -> None:
+    """Reject unknown or meaningless hyperparameter names with a clear error.
+    ``recipe``: the ``recipe:`` section (engine.config.RecipeConfig) of ``custom``."""
+    names = _hyperparameters(algorithm, recipe)
     for key, spec in space.items():
         if key in FORBIDDEN:
             raise ConfigError(
@@ -86,13 +97,13 @@ def validate_space(algorithm: str, space: dict[str, dict[str, Any]]) -> None:
                 "calibrated from it; seed and algorithm are set by dpfl tune)"
             )
         if key.startswith("algo.") and key.split(".", 1)[1] not in (
-            *recipe.hyperparameters,
+            *names,
             "noise_site",
             "client_state",
         ):
             raise ConfigError(
                 f"tune.space.{key}: unknown hyperparameter for algorithm={algorithm} "
-                f"(its algo keys: {', '.join(recipe.hyperparameters) or 'none'})"
+                f"(its algo keys: {', '.join(names) or 'none'})"
             )
         if not isinstance(spec, dict):
             raise ConfigError(f"tune.space.{key}={spec!r}: expected a distribution mapping")
@@ -107,16 +118,27 @@ def validate_space(algorithm: str, space: dict[str, dict[str, Any]]) -> None:
                 raise ConfigError(f"tune.space.{key}: {msg}") from None
 
 
-def space_for(algorithm: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The validated search space of ``algorithm`` (defaults + YAML overrides)."""
-    if algorithm not in RECIPES:
+def space_for(
+    algorithm: str, overrides: dict[str, Any] | None = None, recipe: Any = None
+) -> dict[str, Any]:
+    """The validated search space of ``algorithm`` (defaults + YAML overrides). For
+    ``custom``, the defaults are the ranges of the pieces its ``recipe`` names."""
+    if algorithm not in (*RECIPES, CUSTOM):
         raise ConfigError(f"--algorithms: unknown algorithm {algorithm!r}")
     space = copy.deepcopy(COMMON)
-    space.update(copy.deepcopy(PER_RECIPE.get(algorithm, {})))
-    if not RECIPES[algorithm].private:
+    if algorithm == CUSTOM:
+        from algorithms import compose
+
+        recipe = recipe if recipe is not None else RecipeConfig()
+        space.update(copy.deepcopy(compose.default_space(recipe)))
+        private = recipe.private
+    else:
+        space.update(copy.deepcopy(PER_RECIPE.get(algorithm, {})))
+        private = RECIPES[algorithm].private
+    if not private:
         space.pop("privacy.clip_norm", None)
     overrides = overrides or {}
-    unknown_sections = set(overrides) - {"all", *RECIPES}
+    unknown_sections = set(overrides) - {"all", CUSTOM, *RECIPES}
     if unknown_sections:
         raise ConfigError(
             f"tune.space: unknown section(s) {sorted(unknown_sections)}; use 'all' or a recipe name"
@@ -127,7 +149,7 @@ def space_for(algorithm: str, overrides: dict[str, Any] | None = None) -> dict[s
                 space.pop(key, None)
             else:
                 space[key] = spec
-    validate_space(algorithm, space)
+    validate_space(algorithm, space, recipe)
     return space
 
 

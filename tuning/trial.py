@@ -46,8 +46,10 @@ STRING_COLUMNS = ("ls_scope", "ls_local")
 
 def hyperparameter_columns() -> list[str]:
     from algorithms import RECIPES
+    from algorithms.compose import PIECE_HYPERPARAMETERS
 
     names = {h for r in RECIPES.values() for h in r.hyperparameters}
+    names |= {h for hs in PIECE_HYPERPARAMETERS.values() for h in hs}
     return sorted(
         names | {"personal_accuracy_nonprivate", "mia_auc_nonprivate", "clip_norm", "lr", "epochs"}
     )
@@ -150,7 +152,7 @@ def make_trainable(
         from ray import tune
 
         from engine import rng as rngs
-        from engine.config import replace
+        from engine.config import replace, with_algorithm
         from engine.data import build_dataset
         from engine.simulate import sampling_spec, simulate
 
@@ -164,14 +166,10 @@ def make_trainable(
 
             key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
             hps = sample(space, rngs.numpy_rng(base["seed"], TUNE_STREAM, key, hps["sample"]))
-        config = config_from_dict(base)
-        config = replace(
-            config,
-            **{
-                "algorithm": algorithm,
-                "privacy.epsilon": epsilon,
-                "privacy.noise_multiplier": None,
-            },
+        config = with_algorithm(
+            config_from_dict(base),
+            algorithm,
+            **{"privacy.epsilon": epsilon, "privacy.noise_multiplier": None},
             **hps,
         )
         # Same clients for every trial (experiment seed), own randomness (trial seed).
