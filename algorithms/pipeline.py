@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,13 +307,24 @@ class Pipeline:
             self, privatizer=dataclasses.replace(self.privatizer, adaptive=adaptive)
         )
 
+    def noise_support(
+        self, head_mask: torch.Tensor | None, randk_mask: Callable[[], torch.Tensor]
+    ) -> torch.Tensor | None:
+        """Where noise goes (float64 0/1, or ``None`` for every coordinate): every
+        released coordinate, i.e. not the personal heads (``head_mask``), and under
+        ``noise_support="public_mask"`` only the round's public rand-k mask (from
+        ``randk_mask()``, called only then). The one rule both noise sites use."""
+        support = None
+        if head_mask is not None:
+            support = (~head_mask).double()
+        if self.privatizer is not None and self.privatizer.noise_support == "public_mask":
+            mask = randk_mask().double()
+            support = mask if support is None else support * mask
+        return support
+
     @property
     def randk(self) -> RandK | None:
         for t in self.client_transforms:
             if isinstance(t, RandK):
                 return t
         return None
-
-    @property
-    def needs_local_gradient(self) -> bool:
-        return any(isinstance(t, LUS) for t in self.client_transforms)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from algorithms.pieces.steps import round_lr
 from engine import rng as rngs
 from engine.client_state import ClientStateStore
 from engine.data.federated import FederatedDataset
@@ -125,6 +126,12 @@ def reduce_partials(partials: list[PartialSum], dim: int) -> PartialSum:
     return total
 
 
+def owner_shard(clients: np.ndarray, num_shards: int) -> np.ndarray:
+    """The shard (worker) that always trains each client of a recipe with per-client
+    state: ``c mod num_shards``, so a client's state lives with one worker."""
+    return np.asarray(clients, dtype=np.int64) % num_shards
+
+
 def shard_cohort(
     cohort: np.ndarray, num_shards: int, costs: np.ndarray | None = None
 ) -> list[np.ndarray]:
@@ -141,7 +148,8 @@ def shard_cohort(
     """
     cohort = np.sort(np.asarray(cohort, dtype=np.int64))
     if costs is None or num_shards <= 1:
-        return [cohort[cohort % num_shards == k] for k in range(num_shards)]
+        owner = owner_shard(cohort, num_shards)
+        return [cohort[owner == k] for k in range(num_shards)]
     order = cohort[np.argsort(-np.asarray(costs)[cohort], kind="stable")]
     load = np.zeros(num_shards)
     members: list[list[int]] = [[] for _ in range(num_shards)]
@@ -439,7 +447,7 @@ class ClientWorker:
         public = dict(public or {})
         load_flat_(self.model, global_flat)
         anchor = [p.detach().clone() for p in self.params]
-        lr = spec.lr * spec.lr_decay**rnd
+        lr = round_lr(spec.lr, spec.lr_decay, rnd)
         personal = pipe.personal
         loss_sum, steps = 0.0, 0
         if personal is not None:
@@ -562,7 +570,7 @@ class ClientWorker:
                     yield c, delta, loss_sum, steps
                 continue
             local, loss_sums, steps_list = self.vectorized.train_group(global_flat, rnd, group, ctx)
-            lr = self.spec.lr * self.spec.lr_decay**rnd
+            lr = round_lr(self.spec.lr, self.spec.lr_decay, rnd)
             for i, c in enumerate(group):
                 delta = self._client_transforms(local[i], global_flat, c, steps_list[i], lr, ctx)
                 yield c, delta, loss_sums[i], steps_list[i]
@@ -639,13 +647,10 @@ class ClientWorker:
 
     def noise_support(self, ctx: dict) -> torch.Tensor:
         """1.0 where noise is added: all released coordinates, or the public rand-k mask."""
-        d = sum(math.prod(s) for s in self.shapes)
-        support = torch.ones(d, dtype=torch.float64, device=self.device)
-        if self.head_mask is not None:
-            support[self.head_mask] = 0.0
-        priv = self.pipeline.privatizer
-        if priv is not None and priv.noise_support == "public_mask":
-            support = support * ctx["randk_mask"].double()
+        support = self.pipeline.noise_support(self.head_mask, lambda: ctx["randk_mask"])
+        if support is None:
+            d = sum(math.prod(s) for s in self.shapes)
+            return torch.ones(d, dtype=torch.float64, device=self.device)
         return support
 
     @torch.no_grad()

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.client import ClientWorker, LocalSpec, client_costs, shard_cohort
+from engine.client import ClientWorker, LocalSpec, client_costs, owner_shard, shard_cohort
 from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
 from engine.evaluation import combine_sums, eval_slices
@@ -410,7 +410,8 @@ class RayExecutor:
         clients = state.get("clients", {})
         calls = [self.server.load_state_dict.remote(state["server"])]
         for i, w in enumerate(self.workers):
-            mine = {c: v for c, v in clients.items() if int(c) % k == i}
+            owners = owner_shard(np.fromiter(clients, np.int64, len(clients)), k)
+            mine = {c: v for (c, v), o in zip(clients.items(), owners) if o == i}
             calls.append(w.restore_client_state.remote(mine))
         ray.get(calls)
         self._save_round_checkpoint()

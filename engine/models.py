@@ -171,7 +171,8 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "resnet18_gn": _resnet_gn([2, 2, 2, 2], "resnet18_gn"),
     "char_lstm": _char_lstm,
 }
-assert tuple(_BUILDERS) == MODEL_NAMES
+if tuple(_BUILDERS) != MODEL_NAMES:  # the names config validates are the ones built here
+    raise RuntimeError(f"model builders {tuple(_BUILDERS)} != MODEL_NAMES {MODEL_NAMES}")
 
 
 def build_model(

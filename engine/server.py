@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.pieces.steps import round_lr
 from engine import rng as rngs
 from engine.client import (
     PartialSum,
@@ -170,16 +171,13 @@ class Server:
     def noise_support(self, rnd: int) -> torch.Tensor | None:
         """Where server noise goes: every released coordinate (not personal heads), or
         only the round's public rand-k mask. ``None`` means all coordinates."""
-        pipe = self.pipeline
-        support = None
-        if self.head_mask is not None:
-            support = (~self.head_mask).double()
-        if pipe.privatizer is not None and pipe.privatizer.noise_support == "public_mask":
-            rk = pipe.randk
-            assert rk is not None
-            mask = rk.mask(self.dim(), rngs.torch_gen(self.spec.seed, rngs.SERVER_PUBLIC, rnd))
-            support = mask.double() if support is None else support * mask.double()
-        return support
+
+        def randk_mask() -> torch.Tensor:
+            rk = self.pipeline.randk
+            assert rk is not None  # public_mask implies a rand-k transform (Pipeline checks)
+            return rk.mask(self.dim(), rngs.torch_gen(self.spec.seed, rngs.SERVER_PUBLIC, rnd))
+
+        return self.pipeline.noise_support(self.head_mask, randk_mask)
 
     def finish_round(self, rnd: int, *partials: PartialSum, evaluate: bool = True) -> dict:
         """Aggregate the shards' partial sums, privatise, post-process, update, account.
@@ -211,7 +209,7 @@ class Server:
             )
         else:
             avg = summed / total.num_clients if total.num_clients else torch.zeros_like(summed)
-        lr = spec.local_lr * spec.lr_decay**rnd
+        lr = round_lr(spec.local_lr, spec.lr_decay, rnd)
         ctx = {"shapes": self.shapes, "g_tilde": self.g_tilde, "steps": spec.steps, "lr": lr}
         for transform in pipe.server_transforms:
             avg = transform.apply(avg, ctx)

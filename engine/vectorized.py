@@ -89,7 +89,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
-from algorithms.pieces.steps import _global_norm, sam_perturbation
+from algorithms.pieces.steps import _global_norm, round_lr, sam_perturbation
 from algorithms.pipeline import BLUR, BallProjection, PGNStep, SAMStep, SGDStep
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -309,7 +309,7 @@ class VectorizedTrainer:
         ds = worker.dataset
         public = dict(public or {})
         g = len(clients)
-        lr = spec.lr * spec.lr_decay**rnd
+        lr = round_lr(spec.lr, spec.lr_decay, rnd)
         anchor = [t.view(s) for t, s in zip(torch.split(global_flat, self.sizes), self.shapes)]
         params = {
             n: a.unsqueeze(0).repeat((g,) + (1,) * a.dim()).contiguous()

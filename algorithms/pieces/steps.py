@@ -22,9 +22,9 @@ import torch
 
 __all__ = [
     "LossFn",
-    "apply_sgd_",
     "gradients",
     "pgn_gradients",
+    "round_lr",
     "sam_gradients",
     "sam_perturbation",
 ]
@@ -213,19 +213,7 @@ def pgn_gradients(
         return loss, [beta * g + (1.0 - beta) * gt for g, gt in zip(grads, g_tilde)]
 
 
-def apply_sgd_(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float) -> None:
-    """Plain SGD step w ← w − lr·g in place (for tests and hand checks).
-
-    The engine instead steps ``engine.client.LocalSGD`` (``torch.optim.SGD``'s update)
-    (momentum, weight decay).
-
-    Args:
-        params: Parameters to update in place.
-        grads: Direction g aligned with ``params``.
-        lr: Step size η.
-    """
-    if len(params) != len(grads):
-        raise ValueError(f"{len(grads)} gradients for {len(params)} parameters")
-    with torch.no_grad():
-        for p, g in zip(params, grads):
-            p.sub_(g, alpha=float(lr))
+def round_lr(lr: float, decay: float, rnd: int) -> float:
+    """η_t = η·decay^t: the local step size of round ``rnd`` (public; clients use it
+    for their steps, the server for PGN's public drift and direction)."""
+    return lr * decay**rnd

@@ -9,12 +9,19 @@ import torch
 from torch import nn
 
 from algorithms.pieces.steps import (
-    apply_sgd_,
     gradients,
     pgn_gradients,
     sam_gradients,
     sam_perturbation,
 )
+
+
+def apply_sgd_(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float) -> None:
+    """w <- w - lr*g in place: the plain step these hand checks take."""
+    with torch.no_grad():
+        for p, g in zip(params, grads, strict=True):
+            p.sub_(g, alpha=float(lr))
+
 
 A = torch.tensor([[2.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
 
