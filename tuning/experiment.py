@@ -39,7 +39,7 @@ from engine.config import (
 from engine.executors import ensure_ray
 from tuning import selection
 from tuning.spaces import space_for, to_tune
-from tuning.trial import column_names, make_trainable, rounds_dir
+from tuning.trial import column_names, compact_cell, make_trainable, rounds_dir
 
 SMOKE = {
     "rounds": 2,
@@ -402,6 +402,7 @@ def run_tune(
                     "-", 1
                 )[-1]
                 statuses[tid] = "ERROR" if result.error else "TERMINATED"
+            compact_cell(out, a, e)  # stopped or failed trials: one file each too
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
     trials = trials_table(out, statuses, metric)
     trials["epsilon_excludes_tuning"] = True

@@ -30,11 +30,14 @@ from engine.privacy.accounting import SamplingSpec
 
 
 def load_rounds(directory: str | Path) -> pd.DataFrame:
-    """Every (trial, round) row; partition columns as plain str / float."""
+    """Every (trial, round) row; partition columns as plain str / float. A round both in
+    a trial's compacted file and in a leftover round file (a crash between the two
+    steps of ``tuning.trial.compact_trial``) appears once."""
     df = pd.read_parquet(Path(directory) / "rounds")
     df["algorithm"] = df["algorithm"].astype(str)
     df["epsilon_budget"] = df["epsilon_budget"].astype(str).astype(float)
-    return df.sort_values(["algorithm", "epsilon_budget", "trial_id", "round"], ignore_index=True)
+    keys = ["algorithm", "epsilon_budget", "trial_id", "round"]
+    return df.drop_duplicates(keys, keep="last").sort_values(keys, ignore_index=True)
 
 
 def load_trials(directory: str | Path) -> pd.DataFrame:

@@ -91,6 +91,43 @@ def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -
     return path
 
 
+def compact_trial(out: str | Path, algorithm: str, epsilon: float, trial_id: str) -> Path | None:
+    """Fold a finished trial's per-round files into one ``<trial_id>.parquet``.
+
+    While a trial runs each round is its own file (readable at once, never rewritten);
+    once it ends, one file per trial keeps a sweep of thousands of trials × hundreds of
+    rounds quick to read. The compacted file also takes any earlier compacted file of
+    the trial (a trial Tune restores after it ended), one row per round (the newest).
+    It is written under a dot-name (ignored by readers) and renamed into place before
+    the round files go, so a crash leaves at worst duplicate rows, which
+    :func:`tuning.report.load_rounds` drops. Returns the file, or None with no rows."""
+    folder = rounds_dir(out, algorithm, epsilon)
+    target = folder / f"{trial_id}.parquet"
+    parts = sorted(folder.glob(f"{trial_id}-round*.parquet"))
+    sources = ([target] if target.exists() else []) + parts
+    if not sources:
+        return None
+    frame = pd.concat([pd.read_parquet(p) for p in sources], ignore_index=True)
+    frame = frame.drop_duplicates("round", keep="last").sort_values("round", ignore_index=True)
+    tmp = folder / f".{target.name}.tmp"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, target)
+    for p in parts:
+        p.unlink()
+    return target
+
+
+def compact_cell(out: str | Path, algorithm: str, epsilon: float) -> int:
+    """Compact every trial of (algorithm, ε) that still has per-round files (trials a
+    scheduler stopped, or that failed, end without compacting themselves). Call it once
+    no trial of the cell runs. Returns the number of trials compacted."""
+    folder = rounds_dir(out, algorithm, epsilon)
+    ids = {p.name.rsplit("-round", 1)[0] for p in folder.glob("*-round*.parquet")}
+    for trial_id in sorted(ids):
+        compact_trial(out, algorithm, epsilon, trial_id)
+    return len(ids)
+
+
 def trial_seed(experiment_seed: int, algorithm: str, epsilon: float, index: int) -> int:
     """The run seed of trial ``index`` of (algorithm, ε): an ``engine.rng`` stream of its
     own, so no two trials share noise or cohorts (and none shares the experiment's)."""
@@ -237,5 +274,6 @@ def make_trainable(
             run_name=trial_name,
             trial=trial_id,
         )
+        compact_trial(out, algorithm, epsilon, trial_id)  # one file per finished trial
 
     return trainable
