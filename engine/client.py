@@ -346,7 +346,7 @@ class ClientWorker:
             spec.model_init,
         )
         self.model.train()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [tuple(p.shape) for p in self.params]
         self.pipeline = spec.pipeline
         self.loss_fn = nn.CrossEntropyLoss()
@@ -432,7 +432,11 @@ class ClientWorker:
         total = [torch.zeros_like(p) for p in self.params]
         for s in range(0, len(idx), 256):
             x, y = batch_to_tensors(self.dataset, idx[s : s + 256], self.device)
-            _, g = gradients(self.params, lambda x=x, y=y: self.loss_fn(self.model(x), y))
+
+            def batch_loss(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                return self.loss_fn(self.model(x), y)
+
+            _, g = gradients(self.params, batch_loss)
             for t, gi in zip(total, g):
                 t.add_(gi, alpha=len(y) / max(len(idx), 1))
         return torch.cat([t.reshape(-1) for t in total])
@@ -501,7 +505,8 @@ class ClientWorker:
         return delta, loss_sum, steps
 
     def _select(self, mask: torch.Tensor, value: bool) -> list[torch.Tensor]:
-        out, offset = [], 0
+        out: list[torch.Tensor] = []
+        offset = 0
         for p in self.params:
             n = p.numel()
             if bool(mask[offset]) == value:
@@ -615,7 +620,8 @@ class ClientWorker:
         out = PartialSum(update_sum=np.zeros(0), num_clients=0)
         priv = self.pipeline.privatizer
         client_noise = priv is not None and priv.site == "client"
-        support = self.noise_support(ctx) if client_noise else None  # public, per round
+        # where client noise goes (public, per round); unused without client noise
+        support = self.noise_support(ctx) if client_noise else torch.ones(0)
         clients = np.asarray(clients, dtype=np.int64)
         # C_t: the round's public clip norm under adaptive clipping, else the fixed C.
         clip = float((public or {}).get("clip_norm", self.pipeline.clip_norm))

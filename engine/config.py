@@ -690,7 +690,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         if k not in known:
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(known))})")
         tp = hints[k]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[k] = _build(tp, v, f"{key}.")
         else:
             kwargs[k] = _coerce(key, v, tp)

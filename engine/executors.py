@@ -22,7 +22,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -202,7 +202,8 @@ class RayExecutor:
         data_ref = ray.put(dataset)
         worker_cls = ray.remote(ClientWorker)
         server_cls = ray.remote(Server)
-        self.workers = [
+        # Ray actor handles: their methods are called as .remote(), which mypy cannot see
+        self.workers: list[Any] = [
             worker_cls.options(
                 num_cpus=ray_cfg.num_cpus_per_worker,
                 num_gpus=gpus,
@@ -213,7 +214,7 @@ class RayExecutor:
             ).remote(data_ref, local_spec)
             for i in range(ray_cfg.num_workers)
         ]
-        self.server = server_cls.options(
+        self.server: Any = server_cls.options(
             num_cpus=0,
             name=f"{run_name}:server",
             max_restarts=self.max_restarts,
@@ -221,7 +222,7 @@ class RayExecutor:
         ).remote(data_ref, server_spec)
         # Kept for the executor's lifetime: a restarting actor re-reads its constructor
         # arguments from the object store.
-        self._data_ref = data_ref
+        self._data_ref: Any = data_ref
         self._all_clients = np.arange(dataset.num_clients)
         self.costs = client_costs(dataset, local_spec)
         self.test_slices = eval_slices(len(dataset.y_test), ray_cfg.num_workers)
@@ -229,7 +230,8 @@ class RayExecutor:
         self.personal = local_spec.pipeline.personal is not None
         self.retries = 0  # actor losses survived so far
         self.retry_seconds = 0.0  # wall time spent re-running lost work
-        pings = [w.ping.remote() for w in self.workers] + [self.server.dim.remote()]
+        server: Any = self.server  # an actor handle (its methods are called by .remote())
+        pings = [w.ping.remote() for w in self.workers] + [server.dim.remote()]
         ready, pending = ray.wait(pings, num_returns=len(pings), timeout=ACTOR_START_TIMEOUT_S)
         if pending:
             self.close()

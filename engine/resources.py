@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def plan_gpu_share(ray_cfg, model_name: str, dataset, batch_size: int) -> tuple[
         return share, {}
     if ray.cluster_resources().get("GPU", 0) < 1:
         return 0.0, {"gpu_packing": "memory: no GPU in the cluster, workers use CPUs"}
-    probe = ray.remote(num_gpus=1, num_cpus=0)(measure_worker_gpu)
+    probe: Any = ray.remote(num_gpus=1, num_cpus=0)(measure_worker_gpu)
     group = ray_cfg.clients_per_worker_batch or 1
     m = ray.get(
         probe.remote(model_name, tuple(dataset.input_shape), dataset.num_classes, batch_size, group)

@@ -263,6 +263,7 @@ class Server:
         from engine.privacy.adaptive_clip import centred_count, next_clip_norm, release_count
 
         ad = self.adaptive
+        assert ad is not None  # called only under adaptive clipping
         released = release_count(
             centred_count(total.num_clients, total.num_clipped),
             ad.count_stddev,

@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -202,7 +202,7 @@ class VectorizedTrainer:
         self.activation_bytes_per_example = 0
         self.slow_ops: list[str] = []  # vmap fallbacks seen by the probe
         self._grad_and_loss = grad_and_value(self._loss)
-        self._vmapped_step = None  # built by probe()
+        self._vmapped_step: Any = None  # built by probe()
 
     # ----------------------------------------------------------- per-client math
     def _loss(self, params: dict, x, y, w, anchor: list[torch.Tensor]) -> torch.Tensor:
@@ -323,7 +323,7 @@ class VectorizedTrainer:
         loss_acc = torch.zeros(g, dtype=torch.float64, device=device)
         bufs: dict[str, torch.Tensor] = {}
         rows = list(range(g))  # group positions of the clients still training, in order
-        pending = [None] * g
+        pending: list[Any] = [None] * g
         while rows:
             # The next batch of every client still training; a client whose generator
             # is exhausted leaves the group for good (its parameters stop changing).

@@ -186,7 +186,8 @@ def load_leaf_source(name: str, root: str | None) -> PooledData:
     if len(y_train) == 0:
         raise ValueError(f"dataset.name={name}: {root}/train/*.json holds no examples")
     if name == "femnist":
-        num_classes, input_shape = FEMNIST_NUM_CLASSES, (1, 28, 28)
+        num_classes = FEMNIST_NUM_CLASSES
+        input_shape: tuple[int, ...] = (1, 28, 28)
     else:
         num_classes = SHAKESPEARE_NUM_CLASSES
         input_shape = (int(x_train.shape[1]),)

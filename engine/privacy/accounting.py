@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -254,7 +255,7 @@ class EpsilonTracker:
         self.event = event if event is not None else round_event(self.noise_multiplier, spec)
         self._orders: np.ndarray | None = None
         self._rdp1: np.ndarray | None = None
-        self._pld1: object | None = None  # one-round PLD, self-composed per query
+        self._pld1: Any = None  # one-round PLD, self-composed per query
         if accountant == "rdp" and self.noise_multiplier > 0:
             acc = make_accountant("rdp", spec)
             acc.compose(self.event, 1)
