@@ -93,6 +93,10 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
     built exactly as the built-in recipe that uses it builds it (same defaults)."""
     import math
 
+    from algorithms.builders import fed_ls_default_sigma
+    from algorithms.builders import pick as _pick
+    from algorithms.builders import privatizer as _priv
+    from algorithms.builders import sam_step as _sam
     from algorithms.pipeline import (
         BLUR,
         LUS,
@@ -108,7 +112,6 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
         ServerTopK,
         TopK,
     )
-    from algorithms.recipes import _pick, _priv, _sam, fed_ls_default_sigma
 
     a = algo
     C = clip_norm if recipe.private else math.inf

@@ -16,12 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from algorithms.builders import (  # noqa: F401 (the FED_LS_* constants are re-exported)
+    FED_LS_SIGMA_BY_MODEL,
+    FED_LS_SIGMA_OTHER,
+    fed_ls_default_sigma,
+)
+from algorithms.builders import pick as _pick
+from algorithms.builders import privatizer as _priv
+from algorithms.builders import sam_step as _sam
 from algorithms.catalog import CATALOG
 from algorithms.pipeline import (
     BLUR,
     LUS,
     BallProjection,
-    GaussianPrivatizer,
     LaplacianSmoothing,
     PersonalSplit,
     PGNDirection,
@@ -46,20 +53,6 @@ class Recipe:
     shares: str
     departure: str
     build: Callable[..., Pipeline]
-
-
-def _sam(a) -> SAMStep:
-    asam = True if a.asam is None else a.asam
-    rho = a.rho if a.rho is not None else (0.5 if asam else 0.05)
-    return SAMStep(rho=rho, asam=asam)
-
-
-def _priv(C: float, z: float, a, support: str = "all") -> GaussianPrivatizer:
-    return GaussianPrivatizer(C, z, site=a.noise_site, noise_support=support)
-
-
-def _pick(value: Any, default: Any) -> Any:
-    return default if value is None else value
 
 
 def _fedavg(a, C, z):
@@ -271,24 +264,6 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-#: DP-Fed-LS's σ_ls when ``algo.sigma_ls`` is null, by ``model.name``. The paper smooths
-#: logistic-regression and CNN weights, whose storage order runs over image pixels, so
-#: that neighbouring coordinates are related, with σ_ls = 1. It gives no value for other
-#: models; an MLP on tabular features (the default synthetic data) has coordinates in no
-#: meaningful order, and σ_ls = 1 there removes as much signal as noise. For every model
-#: the paper does not cover dpfl uses FED_LS_SIGMA_OTHER, measured on the default data
-#: (docs/algorithms.md §4, "σ_ls by model kind").
-FED_LS_SIGMA_BY_MODEL: dict[str, float] = {"logreg": 1.0, "cnn": 1.0}
-FED_LS_SIGMA_OTHER = 0.01
-
-
-def fed_ls_default_sigma(model_name: str | None) -> float:
-    """DP-Fed-LS's default σ_ls for ``model_name`` (None: the paper's 1.0)."""
-    if model_name is None:
-        return 1.0
-    return FED_LS_SIGMA_BY_MODEL.get(model_name, FED_LS_SIGMA_OTHER)
-
-
 #: Hyperparameter defaults that depend on ``model.name``, per recipe: for each ``algo``
 #: key left null, a function of the model name (public config) giving its value.
 MODEL_KIND_DEFAULTS: dict[str, dict[str, Callable[[str | None], float]]] = {
@@ -311,11 +286,11 @@ def build_pipeline(
     composes the pieces named by ``recipe`` (engine.config.RecipeConfig; see
     :mod:`algorithms.compose`). Public config only."""
     if name == "custom":
-        from algorithms import compose
+        from algorithms.compose import build as build_composed
 
         if recipe is None:
             raise ValueError("algorithm=custom needs a recipe: section naming its pieces")
-        return compose.build(recipe, algo, clip_norm, noise_multiplier, model_name)
+        return build_composed(recipe, algo, clip_norm, noise_multiplier, model_name)
     recipe = get_recipe(name)
     C = clip_norm if recipe.private else math.inf
     unset = {

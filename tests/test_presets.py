@@ -211,7 +211,7 @@ eval: {every: 2}
 
 
 def test_dpfl_submit_validates_a_preset_compare_before_submitting(tmp_path) -> None:
-    from engine.submit import validate_dpfl_args
+    from cluster.submit import validate_dpfl_args
 
     preset = "experiments/dp_fed_ls_mnist_logreg.yaml"
     ns = validate_dpfl_args(

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.config import ConfigError
-from engine.submit import (
+from cluster.submit import (
     DEFAULT_ADDRESS,
     follow,
     prepare_entrypoint,
     resolve_address,
     runtime_env,
 )
+from engine.cli import main
+from engine.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -132,7 +132,7 @@ def check_reachable(url: str, timeout: float = CONNECT_TIMEOUT_S, flag: str = "-
 
 def _parse_dpfl(args: list[str]) -> argparse.Namespace:
     """Parse ``dpfl ARGS`` with dpfl's own parser; its error becomes one ConfigError line."""
-    from engine.cli import build_parser
+    from engine.cli_parser import build_parser
 
     text = shlex.join(["dpfl", *args])
     err = io.StringIO()
@@ -185,7 +185,7 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
     config_path = _config_path(ns.config, working_dir)
     local_config = config_path is None or Path(config_path).is_file()
     if ns.command == "tune":
-        from engine.cli import _floats
+        from engine.cli_parser import parse_floats as _floats
         from engine.config import _set_path
         from tuning.experiment import SMOKE, read_tune_file
 

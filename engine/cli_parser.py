@@ -1,0 +1,262 @@
+"""The ``dpfl`` argument parser and its value parsers, with no command behind them.
+
+:mod:`engine.cli` runs the commands (it maps ``args.command`` to a handler);
+:mod:`cluster.submit` parses a job's ``dpfl ...`` entrypoint with the same parser to
+check it before submitting. Both import this module; neither imports the other at
+module level, and this module imports neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import ConfigError
+
+#: Metrics a Tune trial reports and ``dpfl tune`` can maximise. Only public ones (measured
+#: on the public evaluation set) unless ``--allow-nonprivate-metric``: selecting or
+#: stopping trials on clients' data leaks it beyond ε (README, "Privacy model").
+TUNE_METRICS = ("test_accuracy", "personal_accuracy_nonprivate")
+#: Ray's console output goes to this file in the results folder (``--verbose`` shows it).
+RAY_LOG = "ray.log"
+#: The commands; :data:`engine.cli.HANDLERS` has one handler for each.
+COMMANDS = ("run", "privacy", "compare", "tune", "report", "submit", "algorithms", "config")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with dpfl's error contract: one line, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"dpfl: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds={text!r}: expected distinct integers >= 0, e.g. 0,1,2")
+    return seeds
+
+
+def parse_floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}={text!r}: expected comma-separated numbers") from None
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="YAML file (a diff over the defaults)")
+    p.add_argument(
+        "--set",
+        "-s",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable), e.g. --set rounds=100; keys: dpfl config",
+    )
+
+
+def _add_console_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help=f"show Ray's console output (default: kept in {RAY_LOG} in the results folder)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.config_doc import keys_epilog
+
+    p = _Parser(
+        prog="dpfl", description="Federated learning with client-level differential privacy"
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser(
+        "run",
+        help="run one simulation (or one per seed)",
+        epilog=keys_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_args(run)
+    run.add_argument(
+        "--out",
+        metavar="DIR",
+        help="results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)",
+    )
+    run.add_argument(
+        "--seeds",
+        metavar="S1,S2,...",
+        help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
+    )
+    run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    run.add_argument(
+        "--resume", metavar="DIR", help="continue an interrupted run from its results folder"
+    )
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
+    _add_console_args(run)
+
+    pr = sub.add_parser(
+        "privacy",
+        help="noise multiplier for a budget, or epsilon for a noise",
+        description="Client-level DP accounting without running anything: give --epsilon "
+        "to calibrate the noise multiplier, or --noise-multiplier to get epsilon.",
+    )
+    pr.add_argument("--epsilon", type=float, help="target epsilon: print the noise multiplier")
+    pr.add_argument(
+        "--noise-multiplier", type=float, help="noise multiplier sigma: print its epsilon"
+    )
+    pr.add_argument(
+        "--delta",
+        type=float,
+        help="delta in (0, 1) (default, as in runs: min(N^-1.1, 0.01/N), "
+        "N = --num-clients or 1000)",
+    )
+    pr.add_argument(
+        "--sampling-rate", type=float, default=None, help="Poisson sampling probability q"
+    )
+    pr.add_argument("--rounds", type=int, required=True, help="number of rounds T")
+    pr.add_argument(
+        "--accountant",
+        choices=["rdp", "pld"],
+        help="default rdp; pld with --max-cohort (truncated Poisson)",
+    )
+    pr.add_argument(
+        "--num-clients", type=int, help="population N (needed for --cohort-size, --max-cohort)"
+    )
+    pr.add_argument(
+        "--cohort-size",
+        type=int,
+        help="fixed-size sampling of this many clients (replace-one; looser epsilon)",
+    )
+    pr.add_argument("--max-cohort", type=int, help="cap on the Poisson cohort (PLD)")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+
+    cmp_ = sub.add_parser("compare", help="run several algorithms at one budget; one table")
+    cmp_.add_argument(
+        "--algorithms", "-a", default=None, help="all, or a,b,c (default: all, or the preset's)"
+    )
+    _add_config_args(cmp_)
+    cmp_.add_argument(
+        "--epsilons",
+        metavar="E1,E2,...",
+        help="run every algorithm at each target epsilon (DIR/eps<E>/...); table algorithm x eps",
+    )
+    cmp_.add_argument(
+        "--scale",
+        choices=["paper", "cpu"],
+        default="paper",
+        help="with a preset --config (experiments/*.yaml): the paper's setting, or the "
+        "CPU scale on the offline digits data",
+    )
+    cmp_.add_argument("--out", metavar="DIR", help="folder (default results/<timestamp>-compare)")
+    cmp_.add_argument(
+        "--seeds",
+        metavar="S1,S2,...",
+        help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
+        "the table shows mean ± std over seeds",
+    )
+    cmp_.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    cmp_.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
+    _add_console_args(cmp_)
+
+    tu = sub.add_parser("tune", help="hyperparameter search at fixed budgets (Ray Tune)")
+    tu.add_argument(
+        "--config", "-c", metavar="FILE", help="YAML: config diff plus an optional tune: section"
+    )
+    tu.add_argument("--algorithms", "-a", default="dp_fedavg", help="all, or a,b,c")
+    tu.add_argument("--epsilons", default="4", help="comma-separated budgets, e.g. 1,4,8")
+    tu.add_argument("--num-samples", type=int, default=4, help="trials per (algorithm, eps)")
+    tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
+    tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
+    tu.add_argument(
+        "--tuning-privacy",
+        choices=["compose", "poisson", "truncated_negative_binomial"],
+        default="compose",
+        help="how the cost of tuning is accounted: compose = all trials run and are "
+        "accounted (any search); poisson / truncated_negative_binomial = Papernot-Steinke: "
+        "dpfl draws the number of trials (mean --num-samples), random search only, only the "
+        "best trial is released (README: the privacy cost of tuning)",
+    )
+    tu.add_argument(
+        "--tnb-shape",
+        type=float,
+        default=1.0,
+        help="shape eta of the truncated negative binomial (0 = logarithmic, 1 = geometric)",
+    )
+    tu.add_argument("--metric", choices=TUNE_METRICS, default="test_accuracy")
+    tu.add_argument(
+        "--allow-nonprivate-metric",
+        action="store_true",
+        help="let --metric be a *_nonprivate metric (selection then leaks clients' data)",
+    )
+    tu.add_argument(
+        "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
+    )
+    tu.add_argument("--resume", action="store_true", help="continue the experiment in --out")
+    tu.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
+    tu.add_argument("--smoke-test", action="store_true", help="2 rounds, small data")
+    tu.add_argument(
+        "--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a key"
+    )
+    tu.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help=f"show Ray's console output (default: kept in {RAY_LOG} in the results folder)",
+    )
+
+    rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
+    rp.add_argument("dir", metavar="DIR", help="a dpfl tune output folder")
+    rp.add_argument("--metric", default="test_accuracy", help="a metric the trials were tuned for")
+
+    sb = sub.add_parser(
+        "submit",
+        help="run a dpfl command as a Ray job on a cluster",
+        usage="dpfl submit [--address URL] [--working-dir DIR] [--no-wait] [--install-deps] "
+        "-- dpfl COMMAND ...",
+    )
+    sb.add_argument(
+        "--address",
+        help="Ray dashboard URL (default: $RAY_ADDRESS, else http://127.0.0.1:8265)",
+    )
+    sb.add_argument(
+        "--working-dir", default=".", help="folder uploaded as the job's working dir (default .)"
+    )
+    sb.add_argument("--no-wait", action="store_true", help="print the job id and return")
+    sb.add_argument(
+        "--install-deps",
+        action="store_true",
+        help="pip-install dpfl's dependencies for the job (clusters whose image lacks them)",
+    )
+    sb.add_argument(
+        "entrypoint",
+        nargs=argparse.REMAINDER,
+        help="after --: the command to run, e.g. dpfl tune ... --out /shared/exp",
+    )
+
+    al = sub.add_parser("algorithms", help="list the algorithms and their papers")
+    al.add_argument(
+        "--references", action="store_true", help="also print each paper's full reference"
+    )
+
+    cf = sub.add_parser(
+        "config",
+        help="print the configuration as YAML, one comment per key",
+        description="Print the default configuration (or the one --config/--set give) as "
+        "YAML with one comment per key; save it, edit it, pass it back with --config.",
+    )
+    _add_config_args(cf)
+    return p
