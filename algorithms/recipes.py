@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from algorithms.builders import (  # noqa: F401 (the FED_LS_* constants are re-exported)
@@ -53,6 +53,10 @@ class Recipe:
     shares: str
     departure: str
     build: Callable[..., Pipeline]
+    method: str = ""  # "DP-FedAvg (McMahan et al., ICLR 2018)": the README's method column
+    hyperparameter_doc: str = ""  # the README's "hyperparameters (default)" cell
+    #: Tune's default range per config key (tuning.spaces adds the common keys)
+    search_space: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _fedavg(a, C, z):
@@ -141,11 +145,16 @@ def _pgn(a, C, z, ls: bool):
 def _recipe(
     name: str,
     hyperparameters: tuple[str, ...],
-    shares: str,
-    departure: str,
     build: Callable[..., Pipeline],
+    *,
+    method: str,
+    shares: str,
+    hyperparameter_doc: str,
+    departure: str,
+    search_space: dict[str, dict[str, Any]] | None = None,
 ) -> Recipe:
-    """A recipe whose summary, privacy flag and citation are the catalog's."""
+    """A recipe whose summary, privacy flag and citation are the catalog's; the texts
+    are its row of the README's algorithms table (:func:`markdown_table`)."""
     entry = CATALOG[name]
     return Recipe(
         name,
@@ -156,106 +165,206 @@ def _recipe(
         shares,
         departure,
         build,
+        method=method,
+        hyperparameter_doc=hyperparameter_doc,
+        search_space=search_space or {},
     )
 
 
 _SAM_HP = ("rho", "asam")
+#: Tune's default ranges (tuning.spaces), shared where recipes share a hyperparameter.
+_RHO_SAM = {"type": "uniform", "low": 0.01, "high": 1.0}
+_BLUR_LAMBDA = {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]}
+_FRACTION = {"type": "uniform", "low": 0.1, "high": 1.0}
+_PGN = {
+    "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
+    "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
+}
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         _recipe(
             "fedavg",
             (),
-            "baseline",
-            "none",
             _fedavg,
+            method="FedAvg (McMahan et al., AISTATS 2017)",
+            shares="baseline",
+            hyperparameter_doc="—",
+            departure="divides by the realised cohort size",
         ),
         _recipe(
             "fedsam",
             _SAM_HP,
-            "SAM step of dp_fedsam",
-            "none",
             _fedsam,
+            method="FedSAM (Qu et al., ICML 2022)",
+            shares="SAM step of `dp_fedsam`",
+            hyperparameter_doc="`rho` (0.5), `asam` (true)",
+            departure="—",
+            search_space={"algo.rho": _RHO_SAM},
         ),
         _recipe(
             "dp_fedavg",
             (),
-            "privatizer of every private recipe",
-            "none",
             _dp_fedavg,
+            method="DP-FedAvg (McMahan et al., ICLR 2018)",
+            shares="privatizer of all private recipes",
+            hyperparameter_doc="—",
+            departure="—",
         ),
         _recipe(
             "dp_fedavg_blur",
             ("blur_lambda",),
-            "dp_fedavg + BLUR",
-            "none",
             _blur,
+            method="DP-FedAvg + BLUR (Cheng et al., CVPR 2022)",
+            shares="`dp_fedavg` + BLUR",
+            hyperparameter_doc="`blur_lambda` (0.4)",
+            departure="—",
+            search_space={"algo.blur_lambda": _BLUR_LAMBDA},
         ),
         _recipe(
             "dp_fedavg_blur_lus",
             ("blur_lambda", "sparsity"),
-            "dp_fedavg_blur + LUS",
-            "noise on all d coordinates (LUS mask is private)",
             _blur_lus,
+            method="DP-FedAvg + BLUR + LUS (Cheng et al., CVPR 2022)",
+            shares="`dp_fedavg_blur` + LUS",
+            hyperparameter_doc="`blur_lambda` (0.4), `sparsity` = zeroed fraction c (0.7)",
+            departure=(
+                "LUS runs before clipping; noise covers all d coordinates (the LUS mask is private)"
+            ),
+            search_space={
+                "algo.blur_lambda": _BLUR_LAMBDA,
+                "algo.sparsity": {"type": "choice", "values": [0.1, 0.3, 0.5, 0.7, 0.9]},
+            },
         ),
         _recipe(
             "fedsmp_randk",
             ("sparsity", "randk_rescale"),
-            "dp_fedavg + public rand-k",
-            "none",
             _smp_randk,
+            method="Fed-SMP rand-k (Hu, Gong, Guo 2022)",
+            shares="`dp_fedavg` + public rand-k",
+            hyperparameter_doc="`sparsity` = kept fraction p (0.5), `randk_rescale` (false)",
+            departure=(
+                "— (the mask is public, drawn per round from the seed; noise only on its k "
+                "coordinates)"
+            ),
+            search_space={"algo.sparsity": _FRACTION},
         ),
         _recipe(
             "fedsmp_topk",
             ("sparsity",),
-            "dp_fedavg + TopK",
-            "noise on all d coordinates (top-k support is private)",
             _smp_topk,
+            method="Fed-SMP top-k (Hu, Gong, Guo 2022)",
+            shares="`dp_fedavg` + top-k",
+            hyperparameter_doc="`sparsity` = kept fraction (0.5)",
+            departure="top-k support is private: noise covers all d coordinates",
+            search_space={"algo.sparsity": _FRACTION},
         ),
         _recipe(
             "dp_fed_ls",
             ("sigma_ls", "ls_scope", "ls_local"),
-            "LaplacianSmoothing with dp_fedpgn_ls",
-            "none",
             _fed_ls,
+            method="DP-Fed-LS (Liang et al. 2020)",
+            shares="Laplacian smoothing with `dp_fedpgn_ls`",
+            hyperparameter_doc=(
+                "`sigma_ls` (1.0 for `logreg`/`cnn`, 0.01 for other models), `ls_scope` "
+                "(`tensor`), `ls_local` (`project`)"
+            ),
+            departure=(
+                "— (local model projected onto the C-ball after every step; smoothing by FFT)"
+            ),
+            search_space={"algo.sigma_ls": {"type": "loguniform", "low": 0.01, "high": 3.0}},
         ),
         _recipe(
             "dp_fedsam",
             _SAM_HP,
-            "SAM step with fedsam, dp2_fedsam",
-            "whole-update clipping (reference code clips per tensor with noise for C)",
             _dp_fedsam,
+            method="DP-FedSAM (Shi et al., CVPR 2023)",
+            shares="SAM step with `fedsam`, `dp2_fedsam`",
+            hyperparameter_doc="`rho` (0.5), `asam` (true; with `asam=false` ρ defaults to 0.05)",
+            departure=(
+                "whole-update clipping; the reference code clipped per tensor with noise sized "
+                "for C, which is not private at the stated σ"
+            ),
+            search_space={"algo.rho": _RHO_SAM},
         ),
         _recipe(
             "dp_fedsam_topk",
             (*_SAM_HP, "sparsity", "topk_site"),
-            "dp_fedsam + ServerTopK",
-            "top-k on the noisy aggregate (paper: per client after noise)",
             _dp_fedsam_topk,
+            method="DP-FedSAM-top_k (Shi et al. 2023, arXiv:2305.00873)",
+            shares="`dp_fedsam` + server top-k",
+            hyperparameter_doc=(
+                "`rho`, `asam`, `sparsity` = kept fraction (0.4), `topk_site` (`server`)"
+            ),
+            departure=(
+                "top-k of the noisy aggregate (post-processing) instead of per-client top-k "
+                "after per-client noise, which is private only at each client's own noise level; "
+                "`topk_site=client` = top-k before clipping with noise on all d"
+            ),
+            search_space={"algo.rho": _RHO_SAM, "algo.sparsity": _FRACTION},
         ),
         _recipe(
             "dp2_fedsam",
             (*_SAM_HP, "head_steps", "body_steps", "personal_layers"),
-            "SAM step of dp_fedsam + PersonalSplit",
-            "none",
             _dp2_fedsam,
+            method="DP²-FedSAM (Zhang, Guo, Gong 2024)",
+            shares="SAM step + personal split",
+            hyperparameter_doc=(
+                "`rho`, `asam`, `head_steps` (one pass), `body_steps` (`local.epochs` passes), "
+                "`personal_layers` (1)"
+            ),
+            departure="— (heads never leave their client; metric `personal_accuracy_nonprivate`)",
+            search_space={"algo.rho": _RHO_SAM},
         ),
         _recipe(
             "dp_fedpgn",
             ("beta", "rho"),
-            "PGN pieces with dp_fedpgn_ls",
-            "fixed C (paper's median clipping is not private)",
             lambda a, C, z: _pgn(a, C, z, False),
+            method="DP-FedPGN (Liu et al. 2025)",
+            shares="PGN pieces with `dp_fedpgn_ls`",
+            hyperparameter_doc="`beta` (0.3), `rho` (0.2)",
+            departure=(
+                "fixed clip norm C: the paper's \"median clipping\" sets C from the client's own "
+                "norms, which is not private; every client runs exactly K local steps (plain "
+                "SGD) so the public drift is removed and restored exactly"
+            ),
+            search_space=_PGN,
         ),
         _recipe(
             "dp_fedpgn_ls",
             ("beta", "rho", "sigma_ls", "ls_scope"),
-            "dp_fedpgn + LaplacianSmoothing",
-            "fixed C; FFT smoothing (reference stencil amplifies high frequencies)",
             lambda a, C, z: _pgn(a, C, z, True),
+            method="DP-FedPGN-LS (Liu et al. 2025)",
+            shares="`dp_fedpgn` + smoothing of g̃",
+            hyperparameter_doc="`beta`, `rho`, `sigma_ls` (0.01), `ls_scope`",
+            departure=(
+                "as `dp_fedpgn`; smoothing by the FFT operator (the reference stencil amplifies "
+                "high frequencies)"
+            ),
+            search_space={
+                **_PGN,
+                "algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0},
+            },
         ),
     )
 }
+
+
+TABLE_HEADER = (
+    "| name | method (paper) | shares pieces with | hyperparameters (default) | private "
+    "| departure from the paper, and why |\n| --- | --- | --- | --- | --- | --- |"
+)
+
+
+def markdown_table() -> str:
+    """The README's algorithms table, one row per recipe, from this registry
+    (``dpfl algorithms --markdown`` prints it; a test checks the README holds it)."""
+    rows = [
+        f"| `{r.name}` | {r.method} | {r.shares} | {r.hyperparameter_doc} | "
+        f"{'yes' if r.private else 'no'} | {r.departure} |"
+        for r in RECIPES.values()
+    ]
+    return "\n".join([TABLE_HEADER, *rows])
 
 
 def get_recipe(name: str) -> Recipe:

@@ -599,6 +599,11 @@ def _algorithms(args: argparse.Namespace) -> int:
     # the catalog is plain data: listing the algorithms imports neither torch nor Ray
     from algorithms.catalog import CATALOG, references
 
+    if args.markdown:  # the registry's own table (the README holds exactly this)
+        from algorithms.recipes import markdown_table
+
+        print(markdown_table())
+        return 0
     width = max(len(n) for n in CATALOG)
     for name, e in CATALOG.items():
         print(f"{name:<{width}}  {e.summary}  [{e.citation()}]")

@@ -251,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument(
         "--references", action="store_true", help="also print each paper's full reference"
     )
+    al.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the README's algorithms table from the recipe registry (imports torch)",
+    )
 
     cf = sub.add_parser(
         "config",

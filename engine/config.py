@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from algorithms.catalog import CATALOG
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
@@ -460,22 +462,9 @@ class RayConfig:
         )
 
 
-ALGORITHMS = (
-    "fedavg",
-    "fedsam",
-    "dp_fedavg",
-    "dp_fedavg_blur",
-    "dp_fedavg_blur_lus",
-    "fedsmp_randk",
-    "fedsmp_topk",
-    "dp_fed_ls",
-    "dp_fedsam",
-    "dp_fedsam_topk",
-    "dp2_fedsam",
-    "dp_fedpgn",
-    "dp_fedpgn_ls",
-)
-NON_PRIVATE = ("fedavg", "fedsam")
+#: The built-in recipes, from the registry's torch-free catalog (algorithms.catalog).
+ALGORITHMS = tuple(CATALOG)
+NON_PRIVATE = tuple(name for name, entry in CATALOG.items() if not entry.private)
 #: ``algorithm: custom`` runs the pieces named in the ``recipe:`` section (algorithms.compose).
 CUSTOM = "custom"
 

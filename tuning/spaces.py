@@ -25,34 +25,9 @@ COMMON: dict[str, dict[str, Any]] = {
     "local.epochs": {"type": "choice", "values": [1, 2]},
 }
 
-_RHO_SAM = {"type": "uniform", "low": 0.01, "high": 1.0}
+#: Each recipe's own ranges live with the recipe (``Recipe.search_space``).
 PER_RECIPE: dict[str, dict[str, dict[str, Any]]] = {
-    "fedsam": {"algo.rho": _RHO_SAM},
-    "dp_fedavg_blur": {
-        "algo.blur_lambda": {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]}
-    },
-    "dp_fedavg_blur_lus": {
-        "algo.blur_lambda": {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]},
-        "algo.sparsity": {"type": "choice", "values": [0.1, 0.3, 0.5, 0.7, 0.9]},
-    },
-    "fedsmp_randk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "fedsmp_topk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "dp_fed_ls": {"algo.sigma_ls": {"type": "loguniform", "low": 0.01, "high": 3.0}},
-    "dp_fedsam": {"algo.rho": _RHO_SAM},
-    "dp_fedsam_topk": {
-        "algo.rho": _RHO_SAM,
-        "algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0},
-    },
-    "dp2_fedsam": {"algo.rho": _RHO_SAM},
-    "dp_fedpgn": {
-        "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
-        "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
-    },
-    "dp_fedpgn_ls": {
-        "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
-        "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
-        "algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0},
-    },
+    name: recipe.search_space for name, recipe in RECIPES.items() if recipe.search_space
 }
 
 FORBIDDEN = ("privacy.epsilon", "privacy.noise_multiplier", "algorithm", "seed")

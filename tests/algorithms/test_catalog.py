@@ -67,3 +67,27 @@ def test_doc_sections_cited_by_code_exist() -> None:
             for m in re.finditer(r"docs/algorithms\.md((?: ?§\d+(?:[–,-]+ ?§?\d+)*)+)", text):
                 cited |= {int(n) for n in re.findall(r"\d+", m.group(1))}
     assert cited and cited <= sections, cited - sections
+
+
+def test_readme_algorithms_table_is_the_registrys(capsys) -> None:
+    """The README's table is what the recipe registry renders (one source); a recipe
+    added to the registry without its README row fails here."""
+    from algorithms.recipes import markdown_table
+    from engine.cli import main
+
+    table = markdown_table()
+    assert table in (ROOT / "README.md").read_text()
+    assert len(table.splitlines()) == 2 + len(RECIPES)
+    assert main(["algorithms", "--markdown"]) == 0
+    assert capsys.readouterr().out == table + "\n"
+
+
+def test_tune_spaces_and_config_names_come_from_the_registry() -> None:
+    from tuning.spaces import PER_RECIPE
+
+    assert ALGORITHMS == tuple(RECIPES)
+    assert NON_PRIVATE == tuple(n for n, r in RECIPES.items() if not r.private)
+    for name, recipe in RECIPES.items():
+        assert PER_RECIPE.get(name, {}) == recipe.search_space
+        for key in recipe.search_space:  # a searched algo key is one the recipe reads
+            assert key.split(".", 1)[1] in recipe.hyperparameters, (name, key)
