@@ -295,7 +295,7 @@ class LocalSGD:
     The first ``torch.optim`` optimizer a process builds imports ``torch._dynamo``
     (~1 s of one core): every client-worker paid it in round 1. This replicates the
     single-tensor path that ``torch.optim.SGD`` takes for CPU tensors, operation for
-    operation, so the parameters are bit-identical (``tests/test_engine.py`` checks it
+    operation, so the parameters are bit-identical (``tests/engine/test_engine.py`` checks it
     against ``torch.optim.SGD``): g ← g + wd·w; b ← g on the first step, else
     b ← m·b + g; w ← w − lr·b (b = g when m = 0).
     """

@@ -13,7 +13,7 @@ from engine.config import ConfigError, load_config
 from engine.presets import read_preset
 from engine.privacy.accounting import compute_epsilon
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from engine.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "dataset.num_clients=40", "--set", "rounds=2", "--set", "ray.executor=local"]
 
 

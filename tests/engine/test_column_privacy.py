@@ -16,7 +16,7 @@ from engine.config import load_config
 from engine.metrics import round_metrics
 from engine.simulate import simulate
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def documented_columns() -> dict[str, bool]:
