@@ -330,7 +330,6 @@ class ClientWorker:
     """Trains clients of a shard and returns their summed clipped updates."""
 
     def __init__(self, dataset: FederatedDataset, spec: LocalSpec) -> None:
-
         self.dataset = dataset
         self.spec = spec
         self.device = resolve_worker_device(spec.device)

@@ -16,7 +16,15 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from algorithms import RECIPES
-from engine.config import CUSTOM, ConfigError, RunConfig, replace, with_algorithm
+from engine.config import (
+    CUSTOM,
+    ConfigError,
+    RunConfig,
+    _merge,
+    config_from_dict,
+    replace,
+    with_algorithm,
+)
 
 AUDIT_COLUMNS = ("audit_epsilon_estimate_nonprivate", "audit_epsilon_lower_nonprivate")
 
@@ -51,20 +59,13 @@ def recipe_of(label: str, variants: Variants | None = None) -> str:
     return str((variants or {}).get(label, {}).get("algorithm", label))
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _row(config: RunConfig, label: str, variants: Variants | None, **changes: Any) -> PlannedRun:
-    diff = _flat((variants or {}).get(label, {}))
-    algorithm = diff.pop("algorithm", label)
-    return PlannedRun(label, with_algorithm(config, algorithm, **diff, **changes))
+    """``label``'s run: a variant's config diff merged over ``config``, then its recipe."""
+    diff = dict((variants or {}).get(label, {}))
+    algorithm = str(diff.pop("algorithm", label))
+    if diff:
+        config = config_from_dict(_merge(config.to_dict(), diff))
+    return PlannedRun(label, with_algorithm(config, algorithm, **changes))
 
 
 def plan(
