@@ -1,5 +1,5 @@
-"""Piece builders shared by the built-in recipes (:mod:`algorithms.recipes`) and the
-composed ones (:mod:`algorithms.compose`), so a piece has the same defaults in both."""
+"""Piece defaults used by :func:`algorithms.compose.build`, which builds the pieces of
+every recipe (built-in ones through their spellings in :mod:`algorithms.recipes`)."""
 
 from __future__ import annotations
 

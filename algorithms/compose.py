@@ -89,8 +89,9 @@ def default_space(recipe: Any) -> dict[str, dict[str, Any]]:
 
 
 def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, model_name=None):
-    """The :class:`~algorithms.pipeline.Pipeline` of a composed recipe, with each piece
-    built exactly as the built-in recipe that uses it builds it (same defaults)."""
+    """The :class:`~algorithms.pipeline.Pipeline` of a recipe's pieces: the one place
+    pieces are constructed, for ``algorithm: custom`` and for every built-in recipe
+    (whose spelling :func:`algorithms.recipes.build_pipeline` passes here)."""
     import math
 
     from algorithms.builders import fed_ls_default_sigma

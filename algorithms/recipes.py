@@ -1,4 +1,4 @@
-"""One recipe per method: a few lines naming its pieces (docs/algorithms.md §1-§7).
+"""One recipe per method: the pieces it names (docs/algorithms.md §1-§7, §9).
 
 ``build_pipeline(name, algo, clip_norm, noise_multiplier, ...)`` returns the
 :class:`~algorithms.pipeline.Pipeline` and the resolved hyperparameters (recorded as
@@ -11,7 +11,6 @@ where a published recipe is not private as written, the private form is built an
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,19 +20,10 @@ from algorithms.builders import (  # noqa: F401 (the FED_LS_* constants are re-e
     FED_LS_SIGMA_OTHER,
     fed_ls_default_sigma,
 )
-from algorithms.builders import pick as _pick
-from algorithms.builders import privatizer as _priv
-from algorithms.builders import sam_step as _sam
 from algorithms.catalog import CATALOG
 from algorithms.pipeline import (
-    BLUR,
     LUS,
-    BallProjection,
     LaplacianSmoothing,
-    PersonalSplit,
-    PGNDirection,
-    PGNDriftRemoval,
-    PGNDriftRestore,
     PGNStep,
     Pipeline,
     RandK,
@@ -52,106 +42,54 @@ class Recipe:
     hyperparameters: tuple[str, ...]
     shares: str
     departure: str
-    build: Callable[..., Pipeline]
+    spelling: Spelling
     method: str = ""  # "DP-FedAvg (McMahan et al., ICLR 2018)": the README's method column
     hyperparameter_doc: str = ""  # the README's "hyperparameters (default)" cell
     #: Tune's default range per config key (tuning.spaces adds the common keys)
     search_space: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: values for ``algo`` keys left null where this recipe's default differs from the
+    #: piece's (DP-FedSAM-top_k keeps 0.4 at either top-k site)
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
-def _fedavg(a, C, z):
-    return Pipeline()
+#: Each built-in recipe is a spelling of :mod:`algorithms.compose`: the pieces it names
+#: (the fields of a ``recipe:`` section), as a function of the ``algo`` keys that change
+#: its structure. compose.build makes every piece, so a piece has one constructor and
+#: one set of defaults whether a built-in recipe or a YAML one uses it.
+Spelling = Callable[[Any], dict[str, Any]]
 
 
-def _fedsam(a, C, z):
-    return Pipeline(step=_sam(a))
+def _fixed(**fields: Any) -> Spelling:
+    return lambda a: fields
 
 
-def _dp_fedavg(a, C, z):
-    return Pipeline(privatizer=_priv(C, z, a))
-
-
-def _blur(a, C, z):
-    return Pipeline(regularizer=BLUR(_pick(a.blur_lambda, 0.4), C), privatizer=_priv(C, z, a))
-
-
-def _blur_lus(a, C, z):
-    return Pipeline(
-        regularizer=BLUR(_pick(a.blur_lambda, 0.4), C),
-        client_transforms=(LUS(_pick(a.sparsity, 0.7)),),
-        privatizer=_priv(C, z, a),
-    )
-
-
-def _smp_randk(a, C, z):
-    return Pipeline(
-        client_transforms=(RandK(_pick(a.sparsity, 0.5), rescale=a.randk_rescale),),
-        privatizer=_priv(C, z, a, support="public_mask"),
-    )
-
-
-def _smp_topk(a, C, z):
-    return Pipeline(client_transforms=(TopK(_pick(a.sparsity, 0.5)),), privatizer=_priv(C, z, a))
-
-
-def _fed_ls(a, C, z):
+def _fed_ls(a) -> dict[str, Any]:
     # algo.ls_local: "project" (the paper: w projected onto the ball ||w - x^t|| <= C after
     # every local step) or "clip_once" (no projection; the privatizer's clip of the final
     # update to C is the only bound). Both give ||update|| <= C, so the same accounting.
-    ls_local = getattr(a, "ls_local", "project")
-    return Pipeline(
-        constraint=BallProjection(C) if ls_local == "project" else None,
-        privatizer=_priv(C, z, a),
-        # build_pipeline fills a null σ_ls from the model kind (MODEL_KIND_DEFAULTS)
-        server_transforms=(
-            LaplacianSmoothing(_pick(a.sigma_ls, fed_ls_default_sigma(None)), a.ls_scope),
-        ),
-    )
+    return {
+        "constraint": "ball" if a.ls_local == "project" else None,
+        "server_transforms": ("laplacian_smoothing",),
+    }
 
 
-def _dp_fedsam(a, C, z):
-    return Pipeline(step=_sam(a), privatizer=_priv(C, z, a))
-
-
-def _dp_fedsam_topk(a, C, z):
-    p = _pick(a.sparsity, 0.4)
+def _dp_fedsam_topk(a) -> dict[str, Any]:
     if a.topk_site == "client":  # option (a): local top-k before clipping, noise on all d
-        return Pipeline(step=_sam(a), client_transforms=(TopK(p),), privatizer=_priv(C, z, a))
-    return Pipeline(step=_sam(a), privatizer=_priv(C, z, a), server_transforms=(ServerTopK(p),))
-
-
-def _dp2_fedsam(a, C, z):
-    return Pipeline(
-        step=_sam(a),
-        privatizer=_priv(C, z, a),
-        personal=PersonalSplit(a.personal_layers, a.head_steps, a.body_steps),
-    )
-
-
-def _pgn(a, C, z, ls: bool):
-    beta, rho = _pick(a.beta, 0.3), _pick(a.rho, 0.2)
-    smoothing = LaplacianSmoothing(_pick(a.sigma_ls, 0.01), a.ls_scope) if ls else None
-    return Pipeline(
-        step=PGNStep(beta=beta, rho=rho),
-        client_transforms=(PGNDriftRemoval(beta),),
-        privatizer=_priv(C, z, a),
-        server_transforms=(PGNDriftRestore(beta),),
-        server_update=PGNDirection(smoothing),
-        fixed_steps=True,
-        plain_sgd=True,
-    )
+        return {"step": "sam", "client_transforms": ("topk",)}
+    return {"step": "sam", "server_transforms": ("server_topk",)}
 
 
 def _recipe(
     name: str,
     hyperparameters: tuple[str, ...],
-    build: Callable[..., Pipeline],
+    spelling: Spelling,
     *,
     method: str,
     shares: str,
     hyperparameter_doc: str,
     departure: str,
     search_space: dict[str, dict[str, Any]] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> Recipe:
     """A recipe whose summary, privacy flag and citation are the catalog's; the texts
     are its row of the README's algorithms table (:func:`markdown_table`)."""
@@ -164,10 +102,11 @@ def _recipe(
         hyperparameters,
         shares,
         departure,
-        build,
+        spelling,
         method=method,
         hyperparameter_doc=hyperparameter_doc,
         search_space=search_space or {},
+        defaults=defaults or {},
     )
 
 
@@ -186,7 +125,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "fedavg",
             (),
-            _fedavg,
+            _fixed(),
             method="FedAvg (McMahan et al., AISTATS 2017)",
             shares="baseline",
             hyperparameter_doc="—",
@@ -195,7 +134,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "fedsam",
             _SAM_HP,
-            _fedsam,
+            _fixed(step="sam"),
             method="FedSAM (Qu et al., ICML 2022)",
             shares="SAM step of `dp_fedsam`",
             hyperparameter_doc="`rho` (0.5), `asam` (true)",
@@ -205,7 +144,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp_fedavg",
             (),
-            _dp_fedavg,
+            _fixed(),
             method="DP-FedAvg (McMahan et al., ICLR 2018)",
             shares="privatizer of all private recipes",
             hyperparameter_doc="—",
@@ -214,7 +153,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp_fedavg_blur",
             ("blur_lambda",),
-            _blur,
+            _fixed(regularizer="blur"),
             method="DP-FedAvg + BLUR (Cheng et al., CVPR 2022)",
             shares="`dp_fedavg` + BLUR",
             hyperparameter_doc="`blur_lambda` (0.4)",
@@ -224,7 +163,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp_fedavg_blur_lus",
             ("blur_lambda", "sparsity"),
-            _blur_lus,
+            _fixed(regularizer="blur", client_transforms=("lus",)),
             method="DP-FedAvg + BLUR + LUS (Cheng et al., CVPR 2022)",
             shares="`dp_fedavg_blur` + LUS",
             hyperparameter_doc="`blur_lambda` (0.4), `sparsity` = zeroed fraction c (0.7)",
@@ -239,7 +178,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "fedsmp_randk",
             ("sparsity", "randk_rescale"),
-            _smp_randk,
+            _fixed(client_transforms=("randk",), noise_support="public_mask"),
             method="Fed-SMP rand-k (Hu, Gong, Guo 2022)",
             shares="`dp_fedavg` + public rand-k",
             hyperparameter_doc="`sparsity` = kept fraction p (0.5), `randk_rescale` (false)",
@@ -252,7 +191,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "fedsmp_topk",
             ("sparsity",),
-            _smp_topk,
+            _fixed(client_transforms=("topk",)),
             method="Fed-SMP top-k (Hu, Gong, Guo 2022)",
             shares="`dp_fedavg` + top-k",
             hyperparameter_doc="`sparsity` = kept fraction (0.5)",
@@ -277,7 +216,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp_fedsam",
             _SAM_HP,
-            _dp_fedsam,
+            _fixed(step="sam"),
             method="DP-FedSAM (Shi et al., CVPR 2023)",
             shares="SAM step with `fedsam`, `dp2_fedsam`",
             hyperparameter_doc="`rho` (0.5), `asam` (true; with `asam=false` ρ defaults to 0.05)",
@@ -291,6 +230,7 @@ RECIPES: dict[str, Recipe] = {
             "dp_fedsam_topk",
             (*_SAM_HP, "sparsity", "topk_site"),
             _dp_fedsam_topk,
+            defaults={"sparsity": 0.4},
             method="DP-FedSAM-top_k (Shi et al. 2023, arXiv:2305.00873)",
             shares="`dp_fedsam` + server top-k",
             hyperparameter_doc=(
@@ -306,7 +246,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp2_fedsam",
             (*_SAM_HP, "head_steps", "body_steps", "personal_layers"),
-            _dp2_fedsam,
+            _fixed(step="sam", personal=True),
             method="DP²-FedSAM (Zhang, Guo, Gong 2024)",
             shares="SAM step + personal split",
             hyperparameter_doc=(
@@ -319,7 +259,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp_fedpgn",
             ("beta", "rho"),
-            lambda a, C, z: _pgn(a, C, z, False),
+            _fixed(step="pgn"),
             method="DP-FedPGN (Liu et al. 2025)",
             shares="PGN pieces with `dp_fedpgn_ls`",
             hyperparameter_doc="`beta` (0.3), `rho` (0.2)",
@@ -333,7 +273,7 @@ RECIPES: dict[str, Recipe] = {
         _recipe(
             "dp_fedpgn_ls",
             ("beta", "rho", "sigma_ls", "ls_scope"),
-            lambda a, C, z: _pgn(a, C, z, True),
+            _fixed(step="pgn", server_transforms=("laplacian_smoothing",)),
             method="DP-FedPGN-LS (Liu et al. 2025)",
             shares="`dp_fedpgn` + smoothing of g̃",
             hyperparameter_doc="`beta`, `rho`, `sigma_ls` (0.01), `ls_scope`",
@@ -373,13 +313,6 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-#: Hyperparameter defaults that depend on ``model.name``, per recipe: for each ``algo``
-#: key left null, a function of the model name (public config) giving its value.
-MODEL_KIND_DEFAULTS: dict[str, dict[str, Callable[[str | None], float]]] = {
-    "dp_fed_ls": {"sigma_ls": fed_ls_default_sigma},
-}
-
-
 def build_pipeline(
     name: str,
     algo,
@@ -390,26 +323,25 @@ def build_pipeline(
 ) -> Pipeline:
     """The pipeline of ``name`` with hyperparameters from ``algo`` (None → default).
 
+    A built-in recipe is its spelling (the pieces it names) built by
+    :func:`algorithms.compose.build`, exactly as ``algorithm: custom`` with that
+    ``recipe:`` section; ``name="custom"`` builds ``recipe`` (engine.config.RecipeConfig).
     ``model_name`` (``model.name``) selects the defaults that depend on the model kind
-    (:data:`MODEL_KIND_DEFAULTS`) for keys ``algo`` leaves null. ``name="custom"``
-    composes the pieces named by ``recipe`` (engine.config.RecipeConfig; see
-    :mod:`algorithms.compose`). Public config only."""
-    if name == "custom":
-        from algorithms.compose import build as build_composed
+    (DP-Fed-LS's σ_ls, :func:`fed_ls_default_sigma`). Public config only."""
+    from algorithms.compose import build as build_composed
 
+    if name == "custom":
         if recipe is None:
             raise ValueError("algorithm=custom needs a recipe: section naming its pieces")
         return build_composed(recipe, algo, clip_norm, noise_multiplier, model_name)
-    recipe = get_recipe(name)
-    C = clip_norm if recipe.private else math.inf
-    unset = {
-        key: default(model_name)
-        for key, default in MODEL_KIND_DEFAULTS.get(name, {}).items()
-        if getattr(algo, key) is None
-    }
+    from engine.config import RecipeConfig
+
+    built_in = get_recipe(name)
+    unset = {k: v for k, v in built_in.defaults.items() if getattr(algo, k) is None}
     if unset:
         algo = dataclasses.replace(algo, **unset)
-    return recipe.build(algo, C, noise_multiplier)
+    spelling = RecipeConfig(private=built_in.private, **built_in.spelling(algo))
+    return build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
 
 
 def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:

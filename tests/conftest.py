@@ -20,6 +20,20 @@ SMALL = [
     "local.batch_size=8",
 ]
 
+#: Smaller still, for tests that run every recipe (two rounds, C = 0.5).
+TINY = [
+    "dataset.num_clients=30",
+    "dataset.synthetic_mean_samples=16",
+    "dataset.synthetic_dim=10",
+    "sampling.rate=0.3",
+    "rounds=2",
+    "eval.every=1",
+    "ray.executor=local",
+    "local.epochs=1",
+    "local.batch_size=8",
+    "privacy.clip_norm=0.5",
+]
+
 
 @pytest.fixture
 def small_overrides() -> list[str]:

@@ -13,6 +13,7 @@ from algorithms import RECIPES, build_pipeline
 from engine.cli import main
 from engine.config import AlgoConfig, ConfigError, RecipeConfig, load_config
 from engine.simulate import prepare, simulate
+from tests.conftest import TINY as CONFTEST_TINY
 from tuning.spaces import space_for
 
 #: The YAML spelling of each built-in recipe (docs/algorithms.md §9).
@@ -32,19 +33,7 @@ SPELLINGS: dict[str, dict] = {
     "dp_fedpgn_ls": {"step": "pgn", "server_transforms": ("laplacian_smoothing",)},
 }
 
-TINY = [
-    "dataset.num_clients=30",
-    "dataset.synthetic_mean_samples=16",
-    "dataset.synthetic_dim=10",
-    "sampling.rate=0.3",
-    "rounds=2",
-    "eval.every=1",
-    "ray.executor=local",
-    "local.epochs=1",
-    "local.batch_size=8",
-    "privacy.clip_norm=0.5",
-    "privacy.noise_multiplier=1.0",
-]
+TINY = [*CONFTEST_TINY, "privacy.noise_multiplier=1.0"]
 
 
 def _recipe_overrides(name: str) -> list[str]:
@@ -159,3 +148,27 @@ def test_compare_rows_of_built_in_recipes_drop_the_configs_composed_recipe(tmp_p
     pipes = {k: prepare(c).pipeline for k, c in by.items()}
     assert pipes["custom"] == build_pipeline("dp_fedsam", AlgoConfig(), 0.5, 1.0, "mlp")
     assert pipes["dp_fedavg"].step != pipes["custom"].step
+
+
+def test_structural_knobs_of_built_in_recipes_change_their_spelling() -> None:
+    """dp_fed_ls's ls_local and dp_fedsam_topk's topk_site pick pieces; the recipe's
+    own default (top-k keeps 0.4 at either site) fills a null algo key."""
+    from algorithms.pipeline import BallProjection, ServerTopK, TopK
+
+    project = build_pipeline("dp_fed_ls", AlgoConfig(), 0.7, 1.0, "mlp")
+    once = build_pipeline("dp_fed_ls", AlgoConfig(ls_local="clip_once"), 0.7, 1.0, "mlp")
+    assert project.constraint == BallProjection(0.7) and once.constraint is None
+    server = build_pipeline("dp_fedsam_topk", AlgoConfig(), 0.7, 1.0)
+    client = build_pipeline("dp_fedsam_topk", AlgoConfig(topk_site="client"), 0.7, 1.0)
+    assert server.server_transforms == (ServerTopK(0.4),) and server.client_transforms == ()
+    assert client.client_transforms == (TopK(0.4),) and client.server_transforms == ()
+    # the same pieces spelled by hand take the piece's own default (top-k 0.5)
+    hand = build_pipeline(
+        "custom",
+        AlgoConfig(),
+        0.7,
+        1.0,
+        None,
+        RecipeConfig(step="sam", client_transforms=("topk",)),
+    )
+    assert hand.client_transforms == (TopK(0.5),)

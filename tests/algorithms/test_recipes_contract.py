@@ -14,19 +14,8 @@ from algorithms.pipeline import LUS, GaussianPrivatizer, Pipeline, RandK, TopK
 from engine.config import AlgoConfig, load_config
 from engine.privacy.accounting import SamplingSpec, make_accountant
 from engine.simulate import simulate
+from tests.conftest import TINY
 
-TINY = [
-    "dataset.num_clients=30",
-    "dataset.synthetic_mean_samples=16",
-    "dataset.synthetic_dim=10",
-    "sampling.rate=0.3",
-    "rounds=2",
-    "eval.every=1",
-    "ray.executor=local",
-    "local.epochs=1",
-    "local.batch_size=8",
-    "privacy.clip_norm=0.5",
-]
 ALL = list(RECIPES)
 PRIVATE = [n for n, r in RECIPES.items() if r.private]
 
