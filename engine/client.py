@@ -166,7 +166,7 @@ def client_costs(dataset: FederatedDataset, spec: LocalSpec) -> np.ndarray | Non
     ``None`` for recipes with per-client state, whose shards must stay sticky."""
     if spec.pipeline.personal is not None:
         return None
-    sizes = np.array([len(idx) for idx in dataset.client_train], dtype=np.float64)
+    sizes = dataset.client_sizes().astype(np.float64)
     bs = spec.batch_size
     if spec.steps is not None:
         examples = np.where(sizes > 0, spec.steps * np.minimum(sizes, bs), 0.0)
