@@ -113,12 +113,19 @@ def auc_lower_is_member(member_scores: np.ndarray, nonmember_scores: np.ndarray)
     return float(u / (m * n))
 
 
+def _all_indices(index) -> np.ndarray:
+    """Every client's indices, client after client (a ClientIndex holds them so)."""
+    flat = getattr(index, "flat", None)
+    if flat is not None:
+        return np.asarray(flat)
+    return np.concatenate(list(index)) if len(index) else np.zeros(0)
+
+
 def membership_inference_auc(model: nn.Module, dataset: FederatedDataset, seed: int) -> float:
     """Loss-threshold attack AUC on equal numbers of training and held-out examples.
 
     Not private: computed from clients' own data (the ``mia_auc_nonprivate`` column)."""
-    members = np.concatenate(dataset.client_train) if dataset.client_train else np.zeros(0)
-    held = np.concatenate(dataset.client_test) if dataset.client_test else np.zeros(0)
+    members, held = _all_indices(dataset.client_train), _all_indices(dataset.client_test)
     k = min(len(members), len(held), MIA_MAX_SAMPLES)
     if k == 0:
         return math.nan

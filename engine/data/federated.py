@@ -6,6 +6,11 @@ client, the indices of its training examples and of its held-out examples (both
 index into ``x_train``). Workers receive it once through Ray's object store; numpy
 arrays are then read zero-copy from shared memory, so nothing is copied per task.
 
+The per-client indices are a :class:`ClientIndex`: one flat int64 array plus offsets
+(CSR), so a population of 10^6 clients costs 8 bytes per client and per example, not
+a Python object per client; ``client_train[k]`` is a read-only view of client k's
+indices, and ``len``/iteration work as on a list.
+
 Privacy note: the unit of privacy is the client, i.e. everything listed in
 ``client_train[i]`` (and its held-out split). The global test set is public: it holds
 no data of any client of the population (see :mod:`engine.data`).
@@ -13,9 +18,96 @@ no data of any client of the population (see :mod:`engine.data`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+
+class ClientIndex(Sequence[np.ndarray]):
+    """Per-client sorted int64 index arrays, stored as one flat array plus offsets.
+
+    ``index[k]`` is ``flat[offsets[k]:offsets[k + 1]]`` (a read-only view); ``len``,
+    iteration and ``sizes()`` need no per-client Python objects.
+    """
+
+    __slots__ = ("flat", "offsets")
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
+        flat = np.asarray(flat, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0:
+            raise ValueError("ClientIndex offsets must be 1-D and start at 0")
+        if offsets[-1] != len(flat) or np.any(np.diff(offsets) < 0):
+            raise ValueError("ClientIndex offsets must be non-decreasing and end at len(flat)")
+        if flat.flags.writeable:  # views handed out must not edit the shared index
+            flat = flat.view()
+            flat.flags.writeable = False
+        self.flat = flat
+        self.offsets = offsets
+
+    @classmethod
+    def from_arrays(cls, arrays: Sequence[Any]) -> ClientIndex:
+        """The same per-client arrays, compacted (values and order kept)."""
+        if isinstance(arrays, ClientIndex):
+            return arrays
+        parts = [np.asarray(a, dtype=np.int64).reshape(-1) for a in arrays]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in parts], out=offsets[1:])
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return cls(flat, offsets)
+
+    @classmethod
+    def from_owners(cls, owner: np.ndarray, values: np.ndarray, num_clients: int) -> ClientIndex:
+        """Client ``owner[i]`` holds ``values[i]``; each client's values come out sorted."""
+        owner = np.asarray(owner, dtype=np.int64)
+        values = np.asarray(values, dtype=np.int64)
+        counts = np.bincount(owner, minlength=num_clients)[:num_clients]
+        span = int(values.max()) + 1 if len(values) else 1
+        if len(values) == 0:
+            order = np.zeros(0, np.int64)
+        elif values.min() >= 0 and span * max(num_clients, 1) < 2**62:
+            order = np.argsort(owner * span + values, kind="stable")  # one key: faster
+        else:
+            order = np.lexsort((values, owner))
+        offsets = np.zeros(num_clients + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return cls(values[order], offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        k = int(k)
+        n = len(self)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"client {k} out of range for {n} clients")
+        return self.flat[self.offsets[k] : self.offsets[k + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for k in range(len(self)):
+            yield self.flat[self.offsets[k] : self.offsets[k + 1]]
+
+    def __add__(self, other: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(self) + list(other)  # as for the lists this replaces
+
+    def __radd__(self, other: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(other) + list(self)
+
+    def sizes(self) -> np.ndarray:
+        """Number of indices per client (int64)."""
+        return np.diff(self.offsets)
+
+    def __reduce__(self):
+        return (ClientIndex, (self.flat, self.offsets))
+
+    def __repr__(self) -> str:
+        return f"ClientIndex({len(self)} clients, {len(self.flat)} indices)"
 
 
 @dataclass(frozen=True)
@@ -27,7 +119,8 @@ class FederatedDataset:
         x_train: Client-owned features, shape ``(n, *input_shape)``; float32 for
             images/vectors, int64 token ids for sequences.
         y_train: Labels, shape ``(n,)``, int64.
-        client_train: One int64 index array into ``x_train`` per client.
+        client_train: One int64 index array into ``x_train`` per client (a
+            :class:`ClientIndex`; a list of arrays given here is compacted into one).
         client_test: One int64 index array into ``x_train`` per client (held out).
         x_test: Global test features.
         y_test: Global test labels.
@@ -39,8 +132,8 @@ class FederatedDataset:
     name: str
     x_train: np.ndarray
     y_train: np.ndarray
-    client_train: list[np.ndarray]
-    client_test: list[np.ndarray]
+    client_train: Sequence[np.ndarray]
+    client_test: Sequence[np.ndarray]
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
@@ -48,6 +141,10 @@ class FederatedDataset:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("client_train", "client_test"):
+            index = getattr(self, name)
+            if not hasattr(index, "sizes"):  # a plain list of arrays: compact it
+                object.__setattr__(self, name, ClientIndex.from_arrays(index))
         if len(self.client_train) != len(self.client_test):
             raise ValueError(
                 f"client_train has {len(self.client_train)} clients but client_test "
@@ -63,25 +160,32 @@ class FederatedDataset:
         return len(self.client_train)
 
     def client_sizes(self) -> np.ndarray:
-        """Number of training examples per client."""
-        return np.array([len(ix) for ix in self.client_train], dtype=np.int64)
+        """Number of training examples per client (int64, one entry per client)."""
+        return np.asarray(self.client_train.sizes(), dtype=np.int64)  # type: ignore[attr-defined]
 
 
 def split_client_test(
-    client_indices: list[np.ndarray], test_fraction: float, rng: np.random.Generator
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    client_indices: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
+) -> tuple[ClientIndex, ClientIndex]:
     """Split each client's examples into a train and a held-out part.
 
     Each client keeps at least one training example; ``floor(test_fraction * n)``
-    of its examples (chosen uniformly by ``rng``) become its held-out split.
+    of its examples (chosen uniformly by ``rng``) become its held-out split. ``rng``
+    draws one permutation per client, in client order (the only per-client Python
+    step); the selection and sorting are done for all clients at once.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"dataset.client_test_fraction={test_fraction} must be in [0, 1)")
-    train, test = [], []
-    for ix in client_indices:
-        ix = np.asarray(ix, dtype=np.int64)
-        perm = rng.permutation(len(ix))
-        n_test = min(int(np.floor(test_fraction * len(ix))), max(len(ix) - 1, 0))
-        test.append(np.sort(ix[perm[:n_test]]))
-        train.append(np.sort(ix[perm[n_test:]]))
+    index = ClientIndex.from_arrays(client_indices)
+    sizes = index.sizes()
+    perms = [rng.permutation(m) for m in sizes.tolist()]
+    num = len(index)
+    n_test = np.minimum(np.floor(test_fraction * sizes).astype(np.int64), np.maximum(sizes - 1, 0))
+    owner = np.repeat(np.arange(num, dtype=np.int64), sizes)
+    local = np.concatenate(perms).astype(np.int64) if perms else np.zeros(0, np.int64)
+    picked = index.flat[index.offsets[:-1][owner] + local]  # client k's ix[perm] in order
+    position = np.arange(len(owner), dtype=np.int64) - index.offsets[:-1][owner]
+    is_test = position < n_test[owner]
+    test = ClientIndex.from_owners(owner[is_test], picked[is_test], num)
+    train = ClientIndex.from_owners(owner[~is_test], picked[~is_test], num)
     return train, test
