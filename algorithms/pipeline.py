@@ -89,12 +89,33 @@ class BallProjection:
 
     @torch.no_grad()
     def project_(self, params: Grads, anchor: Grads) -> None:
+        """One client: ‖w − x^t‖ in float64; outside the ball, w is scaled back onto
+        it (just inside, by the factor 1 − 1e-7, so rounding never leaves it)."""
         sq = sum(float(((p.double() - a.double()) ** 2).sum()) for p, a in zip(params, anchor))
         norm = sq**0.5
         if norm > self.radius:
             scale = self.radius / norm * (1.0 - 1e-7)
             for p, a in zip(params, anchor):
                 p.copy_(a + (p - a) * scale)
+
+    @torch.no_grad()
+    def project_rows_(self, params: Grads, anchor: Grads) -> None:
+        """:meth:`project_` for a group of clients (the vectorised trainer): each
+        tensor of ``params`` stacks the clients along its first axis, ``anchor`` is
+        shared; each client's row is projected on its own, with the same rule."""
+        radius = float(self.radius)
+        g = params[0].shape[0]
+        sq = torch.zeros(g, dtype=torch.float64, device=anchor[0].device)
+        for p, a in zip(params, anchor):
+            sq += ((p.double() - a.double()) ** 2).reshape(g, -1).sum(1)
+        norm = sq**0.5
+        rows = torch.nonzero(norm > radius).flatten()
+        if rows.numel() == 0:
+            return
+        scale = (radius / norm[rows] * (1.0 - 1e-7)).to(params[0].dtype)
+        for p, a in zip(params, anchor):
+            view = (rows.numel(),) + (1,) * (p.dim() - 1)
+            p[rows] = a + (p[rows] - a) * scale.view(view)
 
 
 # ------------------------------------------------- client transforms (before clip)

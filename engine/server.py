@@ -29,19 +29,13 @@ import torch
 
 from algorithms.pieces.steps import round_lr
 from engine import rng as rngs
-from engine.client import (
-    PartialSum,
-    flatten_params,
-    init_process_model,
-    load_flat_,
-    personal_mask,
-    reduce_partials,
-)
+from engine.client import PartialSum, reduce_partials
 from engine.data.federated import FederatedDataset
 from engine.evaluation import evaluate as evaluate_model
 from engine.evaluation import membership_inference_auc
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
 from engine.privacy.mechanisms import privatize_sum
+from engine.worker_model import flatten_params, init_process_model, load_flat_, personal_mask
 
 
 @dataclass(frozen=True)

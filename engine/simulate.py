@@ -177,7 +177,7 @@ def validate_pipeline(pipeline, model) -> None:
     """Check hyperparameters that need the model (sizes), before any training."""
     from algorithms.pieces.sparsify import num_kept
     from algorithms.pipeline import LUS, RandK, ServerTopK, TopK
-    from engine.client import flatten_params, personal_mask
+    from engine.worker_model import flatten_params, personal_mask
 
     d = int(flatten_params(model).numel())
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):

@@ -1,15 +1,18 @@
 """Vectorised local training: a group of clients trained as one batched computation.
 
-A :class:`VectorizedTrainer` trains G clients of a worker's shard at once. Their
-parameters are stacked along a leading client axis and every local step is one call
-of ``torch.func.vmap`` over ``torch.func.grad_and_value`` of a
+The vectorised implementation of the local-training interface
+(:mod:`engine.local_training`) is :class:`GroupedTrainer`, chosen once per worker by
+:func:`choose_trainer`. Its :class:`VectorizedTrainer` trains G clients of a worker's
+shard at once. Their parameters are stacked along a leading client axis and every
+local step is one call of ``torch.func.vmap`` over ``torch.func.grad_and_value`` of a
 ``torch.func.functional_call`` of the worker's model. The result for each client is
-the same local model that :meth:`engine.client.ClientWorker._train_one` would produce
-for it alone, up to float32 rounding (batched kernels sum in a different order):
+the same local model that
+:meth:`engine.local_training.OneByOneTrainer.train_client` would produce for it
+alone, up to float32 rounding (batched kernels sum in a different order):
 
 * **Minibatches**: client i draws its batches from its own generator,
-  ``ClientWorker._batches(rnd, client, steps, epochs)`` (stream (seed, round,
-  client)), so at step t it uses exactly the indices of its sequential step t. The
+  :func:`engine.local_training.client_batches` (stream (seed, round, client)), so at
+  step t it uses exactly the indices of its sequential step t. The
   group's batches are padded to a common length with weight-0 examples (copies of the
   client's own first example of the batch, masked out of the loss) and the loss is
   Σ_{wᵢ=1} lᵢ / Σ wᵢ, the mean over the real examples, i.e. ``CrossEntropyLoss()`` of
@@ -21,14 +24,16 @@ for it alone, up to float32 rounding (batched kernels sum in a different order):
   stacked tensors, so its parameters (and momentum buffer) cannot change and no
   zero-norm or empty-batch gradient is ever computed for it. Its loss and step counts
   stop there, exactly as in the sequential loop.
-* **Step rules**: plain SGD with ``torch.optim.SGD`` semantics (weight decay added to
-  the gradient, momentum buffer per client initialised with the first gradient,
-  dampening 0, no Nesterov; ``pipeline.plain_sgd`` disables both), SAM/ASAM (the
-  perturbation is :func:`algorithms.pieces.steps.sam_perturbation` evaluated per
-  client), and DP-FedPGN (public g̃, the same perturbation for every client). The
-  BLUR term is added to each client's loss inside the differentiated function; the
-  ball projection of DP-Fed-LS is applied per client after every step, with the norm
-  computed in float64 like :class:`algorithms.pipeline.BallProjection`.
+* **Step rules**: plain SGD by :func:`engine.local_training.sgd_update_`, the
+  one-by-one trainer's arithmetic on stacked tensors (weight decay added to the
+  gradient, momentum buffer per client initialised with the first gradient, dampening
+  0, no Nesterov; ``pipeline.plain_sgd`` disables both), SAM/ASAM (the perturbation is
+  :func:`algorithms.pieces.steps.sam_perturbation` evaluated per client), and
+  DP-FedPGN (public g̃ and perturbation from :func:`algorithms.pieces.steps.pgn_public`,
+  the same for every client). The BLUR term is added to each client's loss inside the
+  differentiated function; the ball projection of DP-Fed-LS is applied per client
+  after every step by :meth:`algorithms.pipeline.BallProjection.project_rows_` (the
+  rule of ``project_``, norm in float64, row by row).
 
 Not covered (the worker then trains one by one): personal heads (DP²-FedSAM), other
 step rules / regularizers / constraints, and models for which the probe at worker
@@ -82,21 +87,22 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
-from algorithms.pieces.steps import _global_norm, round_lr, sam_perturbation
+from algorithms.pieces.steps import pgn_public, round_lr, sam_perturbation
 from algorithms.pipeline import BLUR, BallProjection, PGNStep, SAMStep, SGDStep
-
-if TYPE_CHECKING:  # pragma: no cover
-    from engine.client import ClientWorker
+from engine.local_training import LocalResult, OneByOneTrainer, sgd_update_
 
 __all__ = [
     "GPU_MAX_GROUP",
+    "GroupedTrainer",
+    "choose_trainer",
     "MAX_GROUP",
     "VectorizedTrainer",
     "CPU_MAX_PARAMS",
@@ -128,9 +134,9 @@ CPU_MAX_PARAMS = 100_000
 CPU_MIN_GROUP = 16
 
 
-def unsupported_reason(worker: ClientWorker) -> str | None:
-    """Why ``worker``'s pipeline cannot be vectorised, or None if it can."""
-    pipe = worker.pipeline
+def unsupported_reason(base: OneByOneTrainer) -> str | None:
+    """Why ``base``'s pipeline cannot be vectorised, or None if it can."""
+    pipe = base.pipeline
     if pipe.personal is not None:
         return "personal heads (DP2-FedSAM) train head and body in separate phases"
     if type(pipe.step) not in (SGDStep, SAMStep, PGNStep):
@@ -139,7 +145,7 @@ def unsupported_reason(worker: ClientWorker) -> str | None:
         return f"regularizer {type(pipe.regularizer).__name__} has no vectorised form"
     if pipe.constraint is not None and type(pipe.constraint) is not BallProjection:
         return f"constraint {type(pipe.constraint).__name__} has no vectorised form"
-    loss = worker.loss_fn
+    loss = base.loss_fn
     if not (
         type(loss) is torch.nn.CrossEntropyLoss
         and loss.weight is None
@@ -147,11 +153,11 @@ def unsupported_reason(worker: ClientWorker) -> str | None:
         and loss.label_smoothing == 0.0
     ):
         return "the loss is not the plain mean cross-entropy"
-    if any(not p.requires_grad for p in worker.model.parameters()):
+    if any(not p.requires_grad for p in base.model.parameters()):
         return "the model has frozen parameters"
-    if len(list(worker.model.buffers())):
+    if len(list(base.model.buffers())):
         return "the model has buffers"
-    if len(worker.dataset.y_train) == 0:
+    if len(base.dataset.y_train) == 0:
         return "the dataset has no training examples"
     return None
 
@@ -179,21 +185,22 @@ def _available_bytes(device: torch.device, gpu_share: float = 0.0) -> int:
 
 
 class VectorizedTrainer:
-    """Local training of a group of clients of ``worker`` in one batched computation.
+    """Local training of a group of clients in one batched computation, on the model,
+    data and pipeline of the one-by-one trainer ``base`` (the worker's).
 
     Built once per worker; :meth:`probe` must return None before :meth:`train_group`
     is used. See the module docstring for the exact semantics and the privacy note.
     """
 
-    def __init__(self, worker: ClientWorker) -> None:
-        self.worker = worker
-        self.model = worker.model
+    def __init__(self, base: OneByOneTrainer) -> None:
+        self.base = base
+        self.model = base.model
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        self.shapes = list(worker.shapes)
+        self.shapes = list(base.shapes)
         self.sizes = [math.prod(s) for s in self.shapes]
         self.dim = int(sum(self.sizes))
-        pipe = worker.pipeline
-        spec = worker.spec
+        pipe = base.pipeline
+        spec = base.spec
         self.step = pipe.step
         self.regularizer = pipe.regularizer
         self.constraint = pipe.constraint
@@ -242,57 +249,19 @@ class VectorizedTrainer:
         return loss, grads
 
     def _pgn_public(self, public: dict) -> tuple[list | None, list | None]:
-        """(perturbation δ, g̃) of DP-FedPGN, as in ``pgn_gradients`` (same for all)."""
+        """(perturbation δ, g̃) of DP-FedPGN: :func:`pgn_public`, the same for all."""
         step = self.step
         if not isinstance(step, PGNStep):
             return None, None
-        beta, rho = float(step.beta), float(step.rho)
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"algo.beta={beta} must be in [0, 1]")
-        if not rho >= 0.0:
-            raise ValueError(f"algo.rho={rho} must be >= 0")
-        g_tilde = public.get("g_tilde_list")
-        if g_tilde is None:
-            return None, None
-        if len(g_tilde) != len(self.shapes):
-            raise ValueError(
-                f"g_tilde has {len(g_tilde)} tensors for {len(self.shapes)} parameters"
-            )
-        ref = self.worker.params
-        for p, gt in zip(ref, g_tilde):
-            if p.shape != gt.shape:
-                raise ValueError(f"g_tilde shape {tuple(gt.shape)} != parameter {tuple(p.shape)}")
-        g_tilde = [gt.detach().to(device=p.device, dtype=p.dtype) for p, gt in zip(ref, g_tilde)]
-        if rho == 0.0:
-            return None, g_tilde
-        with torch.no_grad():
-            norm = _global_norm(g_tilde)
-            offset = [rho * gt / (norm + 1e-12) for gt in g_tilde]
-        return offset, g_tilde
+        g_tilde, delta = pgn_public(
+            self.base.params, beta=step.beta, rho=step.rho, g_tilde=public.get("g_tilde_list")
+        )
+        return delta, g_tilde
 
     def _batched_step(self, params: dict, x, y, w, anchor, pgn_offset, g_tilde):
         """``_client_step`` of every client of the group: stacked params, x, y, w; the
         anchor and PGN's public tensors are shared."""
         return self._vmapped_step(params, x, y, w, anchor, pgn_offset, g_tilde)
-
-    @torch.no_grad()
-    def _project_(self, params: dict, anchor: list) -> None:
-        """:class:`BallProjection` of every client of the (compacted) group, in place:
-        the norm ‖w − xᵗ‖ in float64, rows outside the ball scaled back onto it."""
-        radius = float(self.constraint.radius)
-        g = params[self.names[0]].shape[0]
-        sq = torch.zeros(g, dtype=torch.float64, device=anchor[0].device)
-        for n, a in zip(self.names, anchor):
-            sq += ((params[n].double() - a.double()) ** 2).reshape(g, -1).sum(1)
-        norm = sq**0.5
-        rows = torch.nonzero(norm > radius).flatten()
-        if rows.numel() == 0:
-            return
-        scale = (radius / norm[rows] * (1.0 - 1e-7)).to(params[self.names[0]].dtype)
-        for n, a in zip(self.names, anchor):
-            p = params[n]
-            view = (rows.numel(),) + (1,) * (p.dim() - 1)
-            p[rows] = a + (p[rows] - a) * scale.view(view)
 
     # ----------------------------------------------------------------- training
     def train_group(
@@ -303,10 +272,10 @@ class VectorizedTrainer:
         Returns ``(local, loss_sums, steps)``: the clients' final local models as a
         ``(G, d)`` float32 tensor (row i is client ``clients[i]``), and per client the
         sum of its minibatch losses and its number of local steps — what
-        ``_train_one`` computes before Δ and the client transforms.
+        ``OneByOneTrainer.train_client`` returns for each.
         """
-        worker, spec = self.worker, self.worker.spec
-        ds = worker.dataset
+        base, spec = self.base, self.base.spec
+        ds = base.dataset
         public = dict(public or {})
         g = len(clients)
         lr = round_lr(spec.lr, spec.lr_decay, rnd)
@@ -316,12 +285,12 @@ class VectorizedTrainer:
             for n, a in zip(self.names, anchor)
         }
         pgn_offset, g_tilde = self._pgn_public(public)
-        gens = [worker._batches(rnd, int(c), spec.steps, spec.epochs) for c in clients]
+        gens = [base.batches(rnd, int(c), spec.steps, spec.epochs) for c in clients]
         local = torch.empty(g, self.dim, dtype=global_flat.dtype, device=global_flat.device)
         steps = [0] * g
         device = global_flat.device
         loss_acc = torch.zeros(g, dtype=torch.float64, device=device)
-        bufs: dict[str, torch.Tensor] = {}
+        bufs: dict[str, torch.Tensor] = {}  # momentum buffers (per client rows)
         rows = list(range(g))  # group positions of the clients still training, in order
         pending: list[Any] = [None] * g
         while rows:
@@ -358,19 +327,19 @@ class VectorizedTrainer:
             with torch.no_grad():
                 at = torch.tensor(rows, dtype=torch.long, device=device)
                 loss_acc.index_add_(0, at, loss.detach().double())
-                for n in self.names:  # torch.optim.SGD's arithmetic, per client
-                    p, d = params[n], grads[n].detach()
-                    if self.weight_decay != 0:
-                        d = d.add_(p, alpha=self.weight_decay)
-                    if self.momentum != 0:
-                        if n not in bufs:
-                            bufs[n] = d.clone()
-                        else:
-                            bufs[n].mul_(self.momentum).add_(d)
-                        d = bufs[n]
-                    p.add_(d, alpha=-lr)
+                for n in self.names:  # torch.optim.SGD's arithmetic, per client row
+                    buf = sgd_update_(
+                        params[n],
+                        grads[n].detach(),
+                        bufs.get(n),
+                        lr,
+                        self.momentum,
+                        self.weight_decay,
+                    )
+                    if buf is not None:
+                        bufs[n] = buf
                 if self.constraint is not None:
-                    self._project_(params, anchor)
+                    self.constraint.project_rows_([params[n] for n in self.names], anchor)
         return local, [float(v) for v in loss_acc.tolist()], steps
 
     # -------------------------------------------------------------------- probe
@@ -400,11 +369,11 @@ class VectorizedTrainer:
         self._vmapped_step = vmap(
             self._client_step, in_dims=(0, 0, 0, 0, None, None, None), randomness="error"
         )
-        worker = self.worker
-        ds = worker.dataset
+        base = self.base
+        ds = base.dataset
         n = min(2, len(ds.y_train))
         ix = np.arange(n, dtype=np.int64)
-        device = worker.device
+        device = base.device
         x1 = torch.from_numpy(np.ascontiguousarray(ds.x_train[ix])).to(device)
         y1 = torch.from_numpy(np.ascontiguousarray(ds.y_train[ix])).to(device)
         act = [0]
@@ -416,13 +385,13 @@ class VectorizedTrainer:
         leaves = [m for m in self.model.modules() if not list(m.children())]
         handles = [m.register_forward_hook(hook) for m in leaves]
         try:
-            ref_loss = worker.loss_fn(self.model(x1), y1)
+            ref_loss = base.loss_fn(self.model(x1), y1)
         finally:
             for h in handles:
                 h.remove()
         self.activation_bytes_per_example = max(1, act[0] // max(n, 1))
-        ref = torch.autograd.grad(ref_loss, worker.params)
-        flat = torch.cat([p.detach().reshape(-1) for p in worker.params])
+        ref = torch.autograd.grad(ref_loss, base.params)
+        flat = torch.cat([p.detach().reshape(-1) for p in base.params])
         anchor = [t.view(s) for t, s in zip(torch.split(flat, self.sizes), self.shapes)]
         params = {
             name: a.unsqueeze(0).repeat((2,) + (1,) * a.dim())
@@ -466,15 +435,15 @@ class VectorizedTrainer:
             copies += 1
         if self.constraint is not None:
             copies += 2
-        acts = 3 * self.activation_bytes_per_example * self.worker.spec.batch_size
+        acts = 3 * self.activation_bytes_per_example * self.base.spec.batch_size
         return int(self.dim * 4 * copies + acts)
 
 
-def cpu_prefers_one_by_one(worker: ClientWorker) -> str | None:
-    """Why the automatic choice trains ``worker``'s clients one by one without even
+def cpu_prefers_one_by_one(base: OneByOneTrainer) -> str | None:
+    """Why the automatic choice trains ``base``'s clients one by one without even
     probing (CPU and a model above ``CPU_MAX_PARAMS``), or None."""
-    device = worker.params[0].device if worker.params else torch.device("cpu")
-    d = int(sum(p.numel() for p in worker.params))
+    device = base.params[0].device if base.params else torch.device("cpu")
+    d = int(sum(p.numel() for p in base.params))
     if device.type == "cpu" and d > CPU_MAX_PARAMS:
         return (
             f"automatic: one by one on the CPU for a model of {d} > {CPU_MAX_PARAMS} "
@@ -483,7 +452,7 @@ def cpu_prefers_one_by_one(worker: ClientWorker) -> str | None:
     return None
 
 
-def auto_group_size(worker: ClientWorker, trainer: VectorizedTrainer) -> tuple[int, int, str]:
+def auto_group_size(base: OneByOneTrainer, trainer: VectorizedTrainer) -> tuple[int, int, str]:
     """The automatic choice (``ray.clients_per_worker_batch: null``): ``(group size,
     smallest group worth vectorising, why)``.
 
@@ -497,14 +466,14 @@ def auto_group_size(worker: ClientWorker, trainer: VectorizedTrainer) -> tuple[i
     rounding of the result (float32 tolerance, not bit-identity); set
     ``ray.clients_per_worker_batch`` for bit-identical results across machines.
     """
-    reason = cpu_prefers_one_by_one(worker)
+    reason = cpu_prefers_one_by_one(base)
     if reason is not None:
         return 1, 2, reason
     if trainer.slow_ops:
         return 1, 2, "automatic: one by one, vmap has no batching rule for an op of this model"
-    device = worker.params[0].device
+    device = base.params[0].device
     per_client = max(1, trainer.bytes_per_client())
-    available = _available_bytes(device, worker.spec.gpu_share)
+    available = _available_bytes(device, base.spec.gpu_share)
     by_memory = int(available * MEMORY_FRACTION // per_client)
     cap = GPU_MAX_GROUP if device.type == "cuda" else MAX_GROUP
     size = max(1, min(cap, by_memory))
@@ -517,3 +486,73 @@ def auto_group_size(worker: ClientWorker, trainer: VectorizedTrainer) -> tuple[i
             f"{device.type}, groups under {least} one by one"
         ),
     )
+
+
+class GroupedTrainer:
+    """The vectorised implementation of :class:`engine.local_training.LocalTrainer`.
+
+    Trains a shard's clients, in their order, ``group_size`` at a time with
+    :meth:`VectorizedTrainer.train_group`; a group under ``min_group`` clients (e.g.
+    a short rest) goes to the one-by-one trainer ``base``. Yields the same
+    :class:`LocalResult` per client as ``base`` would, to float32 rounding.
+    """
+
+    def __init__(
+        self,
+        base: OneByOneTrainer,
+        vectorized: VectorizedTrainer,
+        group_size: int,
+        min_group: int,
+        note: str,
+    ) -> None:
+        self.base, self.vectorized = base, vectorized
+        self.group_size, self.min_group, self.note = group_size, min_group, note
+
+    def local_gradient(self, client: int, local: torch.Tensor) -> torch.Tensor:
+        return self.base.local_gradient(client, local)
+
+    def train(
+        self, global_flat: torch.Tensor, rnd: int, clients: Sequence[int] | np.ndarray, public: dict
+    ) -> Iterator[LocalResult]:
+        size = self.group_size
+        for start in range(0, len(clients), size):
+            group = [int(c) for c in clients[start : start + size]]
+            if len(group) < self.min_group:
+                yield from self.base.train(global_flat, rnd, group, public)
+                continue
+            local, loss_sums, steps = self.vectorized.train_group(global_flat, rnd, group, public)
+            for i, c in enumerate(group):
+                yield LocalResult(c, local[i], loss_sums[i], steps[i])
+
+
+def choose_trainer(base: OneByOneTrainer) -> OneByOneTrainer | GroupedTrainer:
+    """The worker's local trainer, decided once at worker start (never per round):
+    groups of ``ray.clients_per_worker_batch`` clients if set, else the automatic
+    size; ``base`` (one by one) when the pipeline or model cannot be vectorised
+    (probed here once) or the size is 1. The returned trainer's ``note`` says why."""
+    requested = base.spec.clients_per_batch
+    if requested == 1:
+        return _one_by_one(base, "ray.clients_per_worker_batch=1")
+    reason = unsupported_reason(base)
+    if reason is not None:
+        return _one_by_one(base, f"one by one: {reason}")
+    if requested is None:
+        reason = cpu_prefers_one_by_one(base)
+        if reason is not None:
+            return _one_by_one(base, reason)
+    trainer = VectorizedTrainer(base)
+    reason = trainer.probe()
+    if reason is not None:
+        return _one_by_one(base, f"one by one: {reason}")
+    if requested is None:
+        size, least, why = auto_group_size(base, trainer)
+    else:
+        size, least, why = int(requested), 2, f"ray.clients_per_worker_batch={requested}"
+    if size <= 1:
+        return _one_by_one(base, why)
+    return GroupedTrainer(base, trainer, size, least, why)
+
+
+def _one_by_one(base: OneByOneTrainer, why: str) -> OneByOneTrainer:
+    base.note = why
+    return base

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine import rng as rngs
-from engine.client import ClientWorker
+from engine.local_training import client_batches
 from engine.privacy.accounting import SamplingSpec
 from engine.server import sample_cohort
 
@@ -76,14 +76,11 @@ def test_reimplemented_streams_match_the_engine() -> None:
     spec = SamplingSpec(mode="poisson", num_clients=300, rate=0.1)
     for rnd in range(5):
         assert np.array_equal(bench.poisson_cohort(300, 0.1, 3, rnd), sample_cohort(spec, 3, rnd))
-    # Minibatch order: the engine's ClientWorker._batches (indices sorted within a batch,
-    # as engine.client.batch_to_tensors does) on a stub holding only what it reads.
+    # Minibatch order: the engine's client_batches (indices sorted within a batch, as
+    # engine.worker_model.batch_to_tensors does) on a stub holding only what it reads.
     idx = np.arange(100, 123, dtype=np.int64)
-    stub = SimpleNamespace(
-        dataset=SimpleNamespace(client_train={5: idx}),
-        spec=SimpleNamespace(seed=3, batch_size=4),
-    )
-    engine_batches = [np.sort(b) for b in ClientWorker._batches(stub, 2, 5, None, 2)]
+    stub = SimpleNamespace(client_train={5: idx})
+    engine_batches = [np.sort(b) for b in client_batches(stub, 3, 4, 2, 5, None, 2)]
     ours = list(bench.minibatches(idx, 4, 2, 3, 2, 5))
     assert len(ours) == len(engine_batches) == 2 * math.ceil(len(idx) / 4)
     for a, b in zip(ours, engine_batches):

@@ -24,6 +24,7 @@ __all__ = [
     "LossFn",
     "gradients",
     "pgn_gradients",
+    "pgn_public",
     "round_lr",
     "sam_gradients",
     "sam_perturbation",
@@ -152,6 +153,46 @@ def sam_gradients(
     return loss, grads_at_e
 
 
+def pgn_public(
+    params: list[torch.Tensor],
+    *,
+    beta: float,
+    rho: float,
+    g_tilde: list[torch.Tensor] | None,
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """DP-FedPGN's public inputs of a round, the same for every client: ``(g̃, δ)``.
+
+    Checks β ∈ [0, 1], ρ ≥ 0 and that g̃ matches ``params`` in count and shapes, moves
+    g̃ to the parameters' device and dtype, and forms δ = ρ·g̃/‖g̃‖ (None when g̃ is
+    None or ρ = 0; a zero g̃ gives δ = 0 through the 1e-12 in the denominator, without
+    a host sync). Shared by :func:`pgn_gradients` and the vectorised trainer, whose
+    ``params`` may be any tensors with the parameters' shapes.
+
+    Raises:
+        ValueError: If β ∉ [0, 1], ρ < 0, or g̃ does not match ``params``.
+    """
+    beta = float(beta)
+    rho = float(rho)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"algo.beta={beta} must be in [0, 1]")
+    if not rho >= 0.0:
+        raise ValueError(f"algo.rho={rho} must be >= 0")
+    if g_tilde is None:
+        return None, None
+    if len(g_tilde) != len(params):
+        raise ValueError(f"g_tilde has {len(g_tilde)} tensors for {len(params)} parameters")
+    for p, gt in zip(params, g_tilde):
+        if p.shape != gt.shape:
+            raise ValueError(f"g_tilde shape {tuple(gt.shape)} != parameter {tuple(p.shape)}")
+    g_tilde = [gt.detach().to(device=p.device, dtype=p.dtype) for p, gt in zip(params, g_tilde)]
+    if rho == 0.0:
+        return g_tilde, None
+    with torch.no_grad():
+        norm = _global_norm(g_tilde)
+        delta = [rho * gt / (norm + 1e-12) for gt in g_tilde]
+    return g_tilde, delta
+
+
 def pgn_gradients(
     params: list[torch.Tensor],
     closure: LossFn,
@@ -182,26 +223,10 @@ def pgn_gradients(
         ValueError: If β ∉ [0, 1], ρ < 0, or g̃ does not match ``params``.
     """
     beta = float(beta)
-    rho = float(rho)
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"algo.beta={beta} must be in [0, 1]")
-    if not rho >= 0.0:
-        raise ValueError(f"algo.rho={rho} must be >= 0")
-    if g_tilde is not None:
-        if len(g_tilde) != len(params):
-            raise ValueError(f"g_tilde has {len(g_tilde)} tensors for {len(params)} parameters")
-        for p, gt in zip(params, g_tilde):
-            if p.shape != gt.shape:
-                raise ValueError(f"g_tilde shape {tuple(gt.shape)} != parameter {tuple(p.shape)}")
-        g_tilde = [gt.detach().to(device=p.device, dtype=p.dtype) for p, gt in zip(params, g_tilde)]
-
-    if g_tilde is None or rho == 0.0:
+    g_tilde, delta = pgn_public(params, beta=beta, rho=rho, g_tilde=g_tilde)
+    if delta is None:
         loss, grads = gradients(params, closure)
     else:
-        with torch.no_grad():
-            norm = _global_norm(g_tilde)
-            # eps keeps a zero g̃ at δ = 0 without a host sync.
-            delta = [rho * gt / (norm + 1e-12) for gt in g_tilde]
         with _perturbed(params, delta):
             loss, grads = gradients(params, closure)
 

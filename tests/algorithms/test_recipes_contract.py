@@ -58,7 +58,7 @@ def test_one_round_without_noise_runs(name: str) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_personal_parameters_never_reach_the_server(name: str, monkeypatch) -> None:
     from engine import server as server_mod
-    from engine.client import personal_mask
+    from engine.worker_model import personal_mask
 
     seen: list[np.ndarray] = []
     original = server_mod.Server.finish_round

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from engine import rng as rngs
-from engine.client import ClientWorker, flatten_params, load_flat_
+from engine.client import ClientWorker
 from engine.config import load_config
 from engine.models import build_model
 from engine.privacy.accounting import SamplingSpec, compute_epsilon, default_delta
 from engine.simulate import simulate
+from engine.worker_model import flatten_params, load_flat_
 
 REQUIRED = {
     "round",
@@ -105,9 +106,10 @@ def test_result_does_not_depend_on_client_order(small_overrides) -> None:
     ex = make_executor(prep)
     worker: ClientWorker = ex.worker
     w = ex.server.get_weights()
-    d1, _, _ = worker._train_one(torch.from_numpy(w.copy()), 0, 3)
-    worker._train_one(torch.from_numpy(w.copy()), 0, 7)  # disturb optimizer/model state
-    d2, _, _ = worker._train_one(torch.from_numpy(w.copy()), 0, 3)
+    trainer = worker.one_by_one
+    d1 = trainer.train_client(torch.from_numpy(w.copy()), 0, 3).local
+    trainer.train_client(torch.from_numpy(w.copy()), 0, 7)  # disturb optimizer/model state
+    d2 = trainer.train_client(torch.from_numpy(w.copy()), 0, 3).local
     assert torch.equal(d1, d2)
 
 
@@ -237,7 +239,7 @@ def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> 
 def test_local_sgd_is_torch_sgd_bit_for_bit(momentum: float, weight_decay: float) -> None:
     """The workers' optimizer (engine.client.LocalSGD, which avoids torch.optim's
     import of torch._dynamo) must step exactly like torch.optim.SGD."""
-    from engine.client import LocalSGD
+    from engine.local_training import LocalSGD
 
     gen = torch.Generator().manual_seed(5)
     ref = build_model("cnn", (1, 8, 8), 3, torch.Generator().manual_seed(1))

@@ -60,7 +60,7 @@ def test_worker_device_follows_the_gpu_ray_assigned() -> None:
     and the GPU ids, never a silent CPU fallback."""
     import torch
 
-    from engine.client import resolve_worker_device
+    from engine.worker_model import resolve_worker_device
 
     assert resolve_worker_device("auto", gpu_ids=[]) == torch.device("cpu")
     assert resolve_worker_device("cpu", gpu_ids=[0]) == torch.device("cpu")

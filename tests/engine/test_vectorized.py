@@ -1,6 +1,6 @@
 """Vectorised client groups (engine.vectorized) equal one-by-one training.
 
-Each test trains the same shard with ``clients_per_batch=1`` (``_train_one`` per
+Each test trains the same shard with ``clients_per_batch=1`` (``OneByOneTrainer.train_client`` per
 client, the reference) and with groups of 4 (divides the 12-client shard) and 5
 (groups 5, 5, 2), on ragged clients: one with no examples, several with fewer
 examples than one batch, the rest with different numbers of steps and a short last

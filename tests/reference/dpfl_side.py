@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from engine import rng as rngs
-from engine.client import flatten_params, init_process_model
 from engine.config import config_from_dict
 from engine.data.federated import FederatedDataset
 from engine.server import sample_cohort
 from engine.simulate import prepare, simulate
+from engine.worker_model import flatten_params, init_process_model
 from tests.reference.common import Problem, shapes
 from tests.reference.methods import PRIVATE, Setting
 
