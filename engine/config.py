@@ -50,6 +50,9 @@ class DatasetConfig:
     synthetic_classes: int = 10
     synthetic_mean_samples: int = 60
     public_eval_clients: int | None = None
+    # false: synthetic clients generated on demand from (seed, client), nothing stored per
+    # client (engine.data.on_demand); needs dataset.partition=natural
+    materialize: bool = True
     # Input preprocessing of image sources (standardize | unit_interval); None:
     # the source's own recipe (standardize for torchvision and digits, LEAF's [0, 1]).
     normalize: str | None = None
@@ -124,6 +127,13 @@ class DatasetConfig:
             "dataset.synthetic_mean_samples",
             self.synthetic_mean_samples,
             "must be >= 4",
+        )
+        _check(
+            self.materialize or (self.name == "synthetic" and self.partition == "natural"),
+            "dataset.materialize",
+            self.materialize,
+            "false (clients built on demand) needs dataset.name=synthetic and "
+            "dataset.partition=natural",
         )
         _check(
             self.public_eval_clients is None or self.public_eval_clients >= 1,

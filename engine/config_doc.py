@@ -36,6 +36,8 @@ KEY_HELP: dict[str, str] = {
     "dataset.synthetic_dim": "Synthetic: input dimension",
     "dataset.synthetic_classes": "Synthetic: number of classes",
     "dataset.synthetic_mean_samples": "Synthetic: mean client size (log-normal)",
+    "dataset.materialize": "false: synthetic clients built on demand from (seed, client), "
+    "nothing stored per client (needs partition natural)",
     "dataset.public_eval_clients": (
         "synthetic/LEAF: clients (writers) held out of the population as the public "
         "test set; null: ceil(N/10)"

@@ -151,6 +151,8 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
     client's own data, used only for the non-private personal metrics.
     """
     k_pub = cfg.num_public_eval_clients
+    if not getattr(cfg, "materialize", True):
+        return build_on_demand(cfg, rng)
     pooled = load_pooled(cfg, rng, public_clients=k_pub)
     if cfg.name == "synthetic" or cfg.name in LEAF:
         if cfg.partition == "natural" and pooled.groups is not None:
@@ -196,4 +198,45 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         num_classes=pooled.num_classes,
         input_shape=tuple(pooled.input_shape),
         meta={"partition": cfg.partition, "eval_source": eval_source},
+    )
+
+
+def build_on_demand(cfg, rng: np.random.Generator) -> FederatedDataset:
+    """``dataset.materialize=false``: a synthetic population whose clients are generated
+    when read (:mod:`engine.data.on_demand`); the public clients are generated now.
+    ``rng`` is used as :func:`generate_synthetic` uses it (one draw, the seed), so
+    client k is client k of the materialised natural partition with the same seed."""
+    from engine.data.on_demand import OnDemandArray, OnDemandClientIndex, OnDemandPopulation
+    from engine.data.synthetic import SyntheticGenerator
+
+    if cfg.name != "synthetic" or cfg.partition != "natural":
+        raise ValueError("dataset.materialize=false needs synthetic data, partition natural")
+    seed = int(rng.integers(0, 2**63 - 1))
+    gen = SyntheticGenerator(
+        seed,
+        cfg.synthetic_alpha,
+        cfg.synthetic_beta,
+        cfg.synthetic_dim,
+        cfg.synthetic_classes,
+        cfg.synthetic_mean_samples,
+        cfg.synthetic_model,
+    )
+    k_pub = cfg.num_public_eval_clients
+    x_test, y_test, _ = gen.clients([(1, np.arange(k_pub))])
+    population = OnDemandPopulation(gen, cfg.num_clients, cfg.client_test_fraction)
+    return FederatedDataset(
+        name=cfg.name,
+        x_train=OnDemandArray(population, 0),  # type: ignore[arg-type]
+        y_train=OnDemandArray(population, 1),  # type: ignore[arg-type]
+        client_train=OnDemandClientIndex(population, held_out=False),
+        client_test=OnDemandClientIndex(population, held_out=True),
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=cfg.synthetic_classes,
+        input_shape=(cfg.synthetic_dim,),
+        meta={
+            "partition": "natural",
+            "eval_source": f"public: {k_pub} held-out clients",
+            "materialize": False,
+        },
     )

@@ -180,10 +180,12 @@ class SyntheticGenerator:
         """Sizes of clients ``ks`` of ``stream`` (only the first draw of each stream)."""
         bg = np.random.PCG64(0)
         g = np.random.Generator(bg)
+        ks = np.asarray(ks, dtype=np.int64)
         out = np.empty(len(ks), np.int64)
-        for j, (state, inc) in enumerate(_pcg64_states(self.seed, stream, ks)):
-            bg.state = _state_dict(state, inc)
-            out[j] = self._size(g)
+        for a in range(0, len(ks), 65536):  # chunks: the states are Python ints
+            for j, (state, inc) in enumerate(_pcg64_states(self.seed, stream, ks[a : a + 65536])):
+                bg.state = _state_dict(state, inc)
+                out[a + j] = self._size(g)
         return out
 
     def clients(

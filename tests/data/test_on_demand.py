@@ -1,0 +1,68 @@
+"""dataset.materialize=false: clients built on demand are the materialised natural
+clients, rebuilt identically on any process, and nothing stored grows with N."""
+
+from __future__ import annotations
+
+import pickle
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engine.config import ConfigError, DatasetConfig
+from engine.data import build_dataset
+from engine.data.partition import natural_partition
+from engine.data.synthetic import generate_synthetic
+
+KW = dict(num_clients=40, partition="natural", synthetic_mean_samples=10, public_eval_clients=5)
+
+
+@pytest.mark.parametrize("model", ["shared", "per_client"])
+def test_on_demand_clients_equal_the_materialised_natural_clients(model):
+    cfg = DatasetConfig(synthetic_model=model, **KW)
+    lazy = build_dataset(DatasetConfig(materialize=False, synthetic_model=model, **KW),
+                         np.random.default_rng(4))  # fmt: skip
+    full = build_dataset(cfg, np.random.default_rng(4))
+    assert np.array_equal(lazy.x_test, full.x_test) and np.array_equal(lazy.y_test, full.y_test)
+    assert lazy.num_clients == full.num_clients == 40
+    pooled = generate_synthetic(40, np.random.default_rng(4), mean_samples=10, model=model)
+    natural = natural_partition(pooled.groups)
+    for k in range(40):
+        tr, te = lazy.client_train[k], lazy.client_test[k]
+        assert len(tr) == len(full.client_train[k]) and len(te) == len(full.client_test[k])
+        both = np.concatenate([tr, te])
+        assert np.array_equal(lazy.x_train[both], pooled.x_train[natural[k]])
+        assert np.array_equal(lazy.y_train[both], pooled.y_train[natural[k]])
+    assert np.array_equal(lazy.client_sizes(), full.client_sizes())
+
+
+def test_on_demand_is_the_same_after_pickling_and_cache_eviction():
+    ds = build_dataset(DatasetConfig(materialize=False, **KW), np.random.default_rng(1))
+    idx = np.sort(np.concatenate([ds.client_train[3], ds.client_train[17][:2]]))
+    first = ds.x_train[idx]
+    other = pickle.loads(pickle.dumps(ds))  # another process: empty cache
+    assert np.array_equal(other.x_train[idx], first)
+    for k in range(40):  # touch every client, evicting 3 and 17 from a small cache
+        other.y_train[other.client_train[k]]
+    assert np.array_equal(other.x_train[idx], first)
+    assert np.array_equal(other.y_train[idx], ds.y_train[idx])
+
+
+def test_on_demand_memory_does_not_grow_with_n():
+    held = {}
+    for n in (100, 1_000_000):
+        tracemalloc.start()
+        cfg = DatasetConfig(materialize=False, **{**KW, "num_clients": n})
+        ds = build_dataset(cfg, np.random.default_rng(0))
+        ds.x_train[ds.client_train[n - 1]]  # read one client
+        held[n] = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert len(ds.client_train) == n and len(ds.x_train) >= n
+    assert held[1_000_000] < held[100] + 64 * 1024  # no per-client table
+
+
+def test_materialize_false_needs_synthetic_natural():
+    with pytest.raises(ConfigError, match="dataset.materialize"):
+        DatasetConfig(materialize=False)  # iid
+    with pytest.raises(ConfigError, match="dataset.materialize"):
+        DatasetConfig(materialize=False, name="digits", partition="iid")
