@@ -164,6 +164,24 @@ class FederatedDataset:
         return np.asarray(self.client_train.sizes(), dtype=np.int64)  # type: ignore[attr-defined]
 
 
+def sort_segments(values: np.ndarray, offsets: np.ndarray, chunk: int = 65536) -> None:
+    """Sort ``values[offsets[k]:offsets[k + 1]]`` for every k, in place, a chunk of
+    segments at a time (temporaries stay the size of a chunk, not of ``values``)."""
+    for a in range(0, len(offsets) - 1, chunk):
+        b = min(a + chunk, len(offsets) - 1)
+        lo, hi = int(offsets[a]), int(offsets[b])
+        if hi == lo:
+            continue
+        part = values[lo:hi]
+        owner = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(offsets[a : b + 1]))
+        low = int(part.min())
+        span = int(part.max()) - low + 1
+        if span * (b - a) < 2**62:
+            part[:] = part[np.argsort(owner * span + (part - low), kind="stable")]
+        else:
+            part[:] = part[np.lexsort((part, owner))]
+
+
 def split_client_test(
     client_indices: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
 ) -> tuple[ClientIndex, ClientIndex]:
@@ -172,20 +190,33 @@ def split_client_test(
     Each client keeps at least one training example; ``floor(test_fraction * n)``
     of its examples (chosen uniformly by ``rng``) become its held-out split. ``rng``
     draws one permutation per client, in client order (the only per-client Python
-    step); the selection and sorting are done for all clients at once.
+    step); selection and sorting are done a chunk of clients at a time.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"dataset.client_test_fraction={test_fraction} must be in [0, 1)")
     index = ClientIndex.from_arrays(client_indices)
     sizes = index.sizes()
-    perms = [rng.permutation(m) for m in sizes.tolist()]
-    num = len(index)
     n_test = np.minimum(np.floor(test_fraction * sizes).astype(np.int64), np.maximum(sizes - 1, 0))
-    owner = np.repeat(np.arange(num, dtype=np.int64), sizes)
-    local = np.concatenate(perms).astype(np.int64) if perms else np.zeros(0, np.int64)
-    picked = index.flat[index.offsets[:-1][owner] + local]  # client k's ix[perm] in order
-    position = np.arange(len(owner), dtype=np.int64) - index.offsets[:-1][owner]
-    is_test = position < n_test[owner]
-    test = ClientIndex.from_owners(owner[is_test], picked[is_test], num)
-    train = ClientIndex.from_owners(owner[~is_test], picked[~is_test], num)
-    return train, test
+    test_off = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(n_test, out=test_off[1:])
+    train_off = index.offsets - test_off
+    test_flat = np.empty(int(test_off[-1]), np.int64)
+    train_flat = np.empty(int(train_off[-1]), np.int64)
+    chunk = 65536
+    for a in range(0, len(sizes), chunk):
+        b = min(a + chunk, len(sizes))
+        m = sizes[a:b]
+        perms = [rng.permutation(s) for s in m.tolist()]
+        if not perms or index.offsets[b] == index.offsets[a]:
+            continue
+        owner = np.repeat(np.arange(a, b, dtype=np.int64), m)
+        start = index.offsets[:-1][owner]
+        picked = index.flat[start + np.concatenate(perms).astype(np.int64)]  # ix[perm]
+        position = np.arange(index.offsets[a], index.offsets[b], dtype=np.int64) - start
+        is_test = position < n_test[owner]
+        # within a client, test picks come first and training picks after: keep order
+        test_flat[test_off[a] : test_off[b]] = picked[is_test]
+        train_flat[train_off[a] : train_off[b]] = picked[~is_test]
+    sort_segments(test_flat, test_off)
+    sort_segments(train_flat, train_off)
+    return ClientIndex(train_flat, train_off), ClientIndex(test_flat, test_off)

@@ -148,3 +148,23 @@ def test_split_client_test_equals_the_loop(sizes, fraction, seed):
     ref_train, ref_test = split_reference(clients, fraction, g2)
     assert same(train, ref_train) and same(test, ref_test)
     assert g1.random() == g2.random()  # the same draws were consumed
+
+
+def test_sort_segments_chunked_equals_sorting_each_client():
+    from engine.data.federated import sort_segments
+
+    g = np.random.default_rng(0)
+    sizes = g.integers(0, 6, 50)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    values = g.permutation(int(offsets[-1])).astype(np.int64)
+    want = [np.sort(values[offsets[k] : offsets[k + 1]]) for k in range(50)]
+    sort_segments(values, offsets, chunk=3)
+    assert same(ClientIndex(values, offsets), want)
+
+
+def test_split_client_test_over_several_chunks_equals_the_loop():
+    n = 140_000  # more clients than one chunk of 65536
+    clients = iid_partition(3 * n, n, np.random.default_rng(2))
+    train, test = split_client_test(clients, 0.4, np.random.default_rng(3))
+    ref_train, ref_test = split_reference(list(clients), 0.4, np.random.default_rng(3))
+    assert same(train, ref_train) and same(test, ref_test)
