@@ -415,7 +415,8 @@ def actor_pids(run_name: str, executor: Any) -> tuple[dict[str, int], str]:
     except Exception:  # noqa: BLE001 - private API may change
         pass
     found = {}
-    handles = [*getattr(executor, "workers", []), getattr(executor, "server", None)]
+    pool = executor.pool  # engine.executors.RayWorkerPool
+    handles = [*getattr(pool, "workers", []), getattr(pool, "server", None)]
     for i, h in enumerate(handles):
         if h is None:
             continue
@@ -448,7 +449,7 @@ class LastRoundSampler:
         for name in sorted(pids):
             self.pids[name] = pids[name]
             self.peak_mb[name] = mb(read_status_kb(pids[name]))
-        workers = getattr(executor, "workers", [])
+        workers = getattr(executor.pool, "workers", [])  # Ray actors; none in process
         if workers:
             try:
                 import ray

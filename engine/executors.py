@@ -1,11 +1,17 @@
-"""Executors: where client workers and the server run — Ray actors or in process.
+"""Executors: one round function, two worker pools (in process or Ray actors).
 
-Both executors perform the identical computation: the server samples the cohort,
-the cohort is split into ``num_workers`` contiguous shards (the same split in both),
-each shard is trained client by client into one partial sum, and the server reduces
-the partials in shard order. Hence for the same seed and ``num_workers`` the Ray and
-in-process executors give bit-identical models (tested). Client randomness is keyed
-by (seed, round, client), so it does not depend on which worker trains a client.
+A round is written once, in :func:`play_round`: the server samples the cohort, the
+cohort is split into ``num_workers`` shards (:func:`engine.client.shard_cohort`, the
+same split everywhere), each shard is trained into one partial sum, the server reduces
+the partials in shard order, privatises and accounts, and on evaluation rounds the
+test set (and, for personal heads, each client's held-out split) is evaluated in
+slices spread over the workers. Where that runs is a *worker pool*
+(:class:`WorkerPool`): :class:`InProcessPool` calls one server and one client worker
+in this process; :class:`RayWorkerPool` holds the Ray actors and everything specific
+to Ray — object references instead of values, actor start-up, and fault tolerance
+(re-running a lost shard, restoring a round checkpoint). Hence for the same seed and
+``num_workers`` the two give bit-identical models (tested). Client randomness is
+keyed by (seed, round, client), so it does not depend on which worker trains a client.
 
 Ray layout: one persistent :class:`ClientWorker` actor per worker, each declared with
 ``num_cpus`` / ``num_gpus`` (fractional GPUs allowed) and holding the dataset once —
@@ -22,6 +28,8 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,18 +41,6 @@ from engine.evaluation import combine_sums, eval_slices
 from engine.server import Server, ServerSpec, is_eval_round
 
 ACTOR_START_TIMEOUT_S = 180.0
-
-
-class Executor(Protocol):
-    def run_round(self, rnd: int) -> dict: ...
-
-    def weights(self) -> np.ndarray: ...
-
-    def checkpoint(self) -> dict: ...
-
-    def restore(self, state: dict) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float = 0.0) -> bool:
@@ -95,53 +91,177 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     return True
 
 
-class _RestartRound(Exception):
-    """Internal: restore every actor to the round checkpoint and re-run the round."""
+@dataclass(frozen=True)
+class RoundPlan:
+    """What every round needs besides the pool's state: public, fixed for the run."""
+
+    num_shards: int
+    costs: np.ndarray | None  # per-client work for balanced shards; None: sticky shards
+    test_slices: list[tuple[int, int]]  # the global test set, one slice per worker
+    eval_every: int
+    rounds: int
+    #: per worker, the clients whose personal heads it evaluates (None: no heads)
+    personal_clients: list[np.ndarray] | None
 
 
-class LocalExecutor:
+def round_plan(
+    dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec, num_shards: int
+) -> RoundPlan:
+    personal = local_spec.pipeline.personal is not None
+    everyone = np.arange(dataset.num_clients)
+    return RoundPlan(
+        num_shards=num_shards,
+        costs=client_costs(dataset, local_spec),
+        test_slices=eval_slices(len(dataset.y_test), num_shards),
+        eval_every=server_spec.eval_every,
+        rounds=server_spec.rounds,
+        personal_clients=[everyone[i::num_shards] for i in range(num_shards)] if personal else None,
+    )
+
+
+class WorkerPool(Protocol):
+    """Where the server and the client workers run; what :func:`play_round` calls.
+
+    ``weights``, ``public`` and partial sums are opaque handles (values in process,
+    object references on Ray); the cohort, the round's row and evaluation sums are
+    values, as the driver needs them.
+    """
+
+    retries: int  # actor losses survived so far (0 in process)
+
+    def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]: ...
+
+    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list: ...
+
+    def finish_round(self, rnd: int, partials: list) -> dict: ...
+
+    def current_weights(self) -> Any: ...
+
+    def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list: ...
+
+    def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]: ...
+
+    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict: ...
+
+    def weights(self) -> np.ndarray: ...
+
+    def checkpoint(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def play_round(pool: WorkerPool, rnd: int, plan: RoundPlan) -> dict:
+    """One round on ``pool`` — the only place a round's steps are written.
+
+    The cohort is sampled by the server, split into shards (public: which worker
+    trains a client and the float64 summation order, never who takes part), trained,
+    reduced, privatised and accounted by the server; then evaluated on evaluation
+    rounds. Returns the round's row.
+    """
+    cohort, weights, public = pool.begin_round(rnd)
+    shards = shard_cohort(cohort, plan.num_shards, plan.costs)
+    partials = pool.train(rnd, shards, weights, public)
+    del weights, public
+    row = pool.finish_round(rnd, partials)
+    evaluate = is_eval_round(rnd, plan.eval_every, plan.rounds)
+    if evaluate:
+        weights = pool.current_weights()
+        sums = pool.evaluate(weights, plan.test_slices)
+        row["test_accuracy"], row["test_loss"] = combine_sums(sums)
+    if plan.personal_clients is not None:
+        row["personal_accuracy_nonprivate"] = float("nan")
+        if evaluate:
+            results = pool.personal_eval(weights, plan.personal_clients)
+            correct = sum(c for c, _ in results)
+            total = sum(t for _, t in results)
+            row["personal_accuracy_nonprivate"] = correct / total if total else float("nan")
+    return row
+
+
+class Executor:
+    """Runs rounds of one simulation on a worker pool (see the module docstring)."""
+
+    def __init__(self, pool: WorkerPool, plan: RoundPlan) -> None:
+        self.pool, self.plan = pool, plan
+
+    def run_round(self, rnd: int) -> dict:
+        row = self.pool.attempt(rnd, lambda: play_round(self.pool, rnd, self.plan))
+        row["actor_retries_nonprivate"] = self.pool.retries
+        return row
+
+    def weights(self) -> np.ndarray:
+        return self.pool.weights()
+
+    def checkpoint(self) -> dict:
+        """Server state plus per-client state, enough to resume bit-identically."""
+        return self.pool.checkpoint()
+
+    def restore(self, state: dict) -> None:
+        self.pool.restore(state)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def local_executor(
+    dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec, num_shards: int
+) -> Executor:
     """Everything in this process; the reference the Ray executor must equal."""
+    pool = InProcessPool(dataset, server_spec, local_spec)
+    return Executor(pool, round_plan(dataset, server_spec, local_spec, num_shards))
+
+
+def ray_executor(
+    dataset: FederatedDataset,
+    server_spec: ServerSpec,
+    local_spec: LocalSpec,
+    ray_cfg,  # engine.config.RayConfig
+    run_name: str = "dpfl",
+    include_dashboard: bool | None = None,
+) -> Executor:
+    """Persistent client-worker actors plus a server actor (:class:`RayWorkerPool`)."""
+    pool = RayWorkerPool(dataset, server_spec, local_spec, ray_cfg, run_name, include_dashboard)
+    return Executor(pool, round_plan(dataset, server_spec, local_spec, ray_cfg.num_workers))
+
+
+class InProcessPool:
+    """One server and one client worker in this process; shards run one after another."""
+
+    retries = 0
 
     def __init__(
-        self,
-        dataset: FederatedDataset,
-        server_spec: ServerSpec,
-        local_spec: LocalSpec,
-        num_shards: int,
+        self, dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec
     ) -> None:
         self.server = Server(dataset, server_spec)
         self.worker = ClientWorker(dataset, local_spec)
-        self.num_shards = num_shards
-        self.costs = client_costs(dataset, local_spec)
-        self.num_clients = dataset.num_clients
-        self.personal = self.worker.pipeline.personal is not None
-        self.test_slices = eval_slices(len(dataset.y_test), num_shards)
 
-    def run_round(self, rnd: int) -> dict:
-        cohort, weights, public = self.server.begin_round(rnd)
-        partials = [
-            self.worker.train_shard(weights, rnd, shard, public)
-            for shard in shard_cohort(cohort, self.num_shards, self.costs)
-        ]
-        row = self.server.finish_round(rnd, *partials, evaluate=False)
-        if self.server.is_eval_round(rnd):
-            weights = self.server.get_weights()
-            sums = [self.worker.evaluate_slice(weights, a, b) for a, b in self.test_slices]
-            row["test_accuracy"], row["test_loss"] = combine_sums(sums)
-        if self.personal and self.server.is_eval_round(rnd):
-            weights = self.server.get_weights()
-            correct, total = self.worker.personal_eval(weights, np.arange(self.num_clients))
-            row["personal_accuracy_nonprivate"] = correct / total if total else float("nan")
-        elif self.personal:
-            row["personal_accuracy_nonprivate"] = float("nan")
-        row["actor_retries_nonprivate"] = 0
-        return row
+    def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
+        return self.server.begin_round(rnd)
+
+    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
+        return [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
+
+    def finish_round(self, rnd: int, partials: list) -> dict:
+        return self.server.finish_round(rnd, *partials, evaluate=False)
+
+    def current_weights(self) -> np.ndarray:
+        return self.server.get_weights()
+
+    def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        return [self.worker.evaluate_slice(weights, a, b) for a, b in slices]
+
+    def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
+        return [self.worker.personal_eval(weights, c) for c in clients]
+
+    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict:
+        return play()
 
     def weights(self) -> np.ndarray:
         return self.server.get_weights()
 
     def checkpoint(self) -> dict:
-        """Server state plus per-client state, enough to resume bit-identically."""
         return {"server": self.server.state_dict(), "clients": self.worker.client_state()}
 
     def restore(self, state: dict) -> None:
@@ -152,12 +272,21 @@ class LocalExecutor:
         pass
 
 
+class _RestartRound(Exception):
+    """Internal: restore every actor to the round checkpoint and re-run the round."""
+
+
 class WorkerLostError(RuntimeError):
     """Actors kept dying: the run stops; the rounds completed so far are intact."""
 
 
-class RayExecutor:
+class RayWorkerPool:
     """Persistent client-worker actors plus a server actor, surviving actor deaths.
+
+    Everything Ray-specific lives here: actors declared with their resources (and a GPU
+    share, see :mod:`engine.resources`), the dataset put once in the object store,
+    object references passed between actors so the O(d) vectors never go through the
+    driver, and fault tolerance.
 
     Fault tolerance. Workers and the server are declared with ``max_restarts`` =
     ``ray.max_worker_restarts``. After every completed round the executor keeps object
@@ -223,10 +352,6 @@ class RayExecutor:
         # Kept for the executor's lifetime: a restarting actor re-reads its constructor
         # arguments from the object store.
         self._data_ref: Any = data_ref
-        self._all_clients = np.arange(dataset.num_clients)
-        self.costs = client_costs(dataset, local_spec)
-        self.test_slices = eval_slices(len(dataset.y_test), ray_cfg.num_workers)
-        self.eval_every, self.rounds = server_spec.eval_every, server_spec.rounds
         self.personal = local_spec.pipeline.personal is not None
         self.retries = 0  # actor losses survived so far
         self.retry_seconds = 0.0  # wall time spent re-running lost work
@@ -307,7 +432,15 @@ class RayExecutor:
             f"round {rnd + 1}: {what} did not come back within {ACTOR_START_TIMEOUT_S:.0f} s"
         )
 
-    def _train_shards(self, rnd: int, shards, weights_ref, public_ref) -> list:
+    # ----------------------------------------------------- what play_round calls
+    def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
+        """The cohort (a value: the driver splits it), weights and public state (refs)."""
+        cohort_ref, weights_ref, public_ref = self.server.begin_round.options(num_returns=3).remote(
+            rnd
+        )
+        return self._ray.get(cohort_ref), weights_ref, public_ref
+
+    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
         """Partial-sum refs of every shard; a dead worker's shard is re-run (only it)."""
         ray = self._ray
         from ray.exceptions import RayActorError
@@ -316,7 +449,7 @@ class RayExecutor:
             return (
                 self.workers[i]
                 .train_shard_counted.options(num_returns=2)
-                .remote(weights_ref, rnd, shards[i], public_ref)
+                .remote(weights, rnd, shards[i], public)
             )
 
         refs = [submit(i) for i in range(len(self.workers))]
@@ -339,14 +472,37 @@ class RayExecutor:
                 self.retry_seconds += time.perf_counter() - t0
         return partials
 
-    def run_round(self, rnd: int) -> dict:
+    def finish_round(self, rnd: int, partials: list) -> dict:
+        return self._ray.get(self.server.finish_round.remote(rnd, *partials, evaluate=False))
+
+    def current_weights(self) -> Any:
+        return self.server.get_weights.remote()
+
+    def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        k = len(self.workers)
+        return self._ray.get(
+            [
+                self.workers[i % k].evaluate_slice.remote(weights, a, b)
+                for i, (a, b) in enumerate(slices)
+            ]
+        )
+
+    def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
+        k = len(self.workers)
+        return self._ray.get(
+            [self.workers[i % k].personal_eval.remote(weights, c) for i, c in enumerate(clients)]
+        )
+
+    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict:
+        """``play()`` the round; when an actor dies, restart what was lost (see the
+        class docstring) and play it again. Saves the round checkpoint after it."""
         from ray.exceptions import RayActorError
 
         self._round_losses = 0
         while True:
             t0 = time.perf_counter()
             try:
-                row = self._run_round_once(rnd)
+                row = play()
                 break
             except (_RestartRound, RayActorError) as e:
                 if isinstance(e, RayActorError):
@@ -356,42 +512,6 @@ class RayExecutor:
                 self._restore_round_checkpoint()
                 self.retry_seconds += time.perf_counter() - t0
         self._save_round_checkpoint()
-        row["actor_retries_nonprivate"] = self.retries
-        return row
-
-    def _run_round_once(self, rnd: int) -> dict:
-        ray = self._ray
-        cohort_ref, weights_ref, public_ref = self.server.begin_round.options(num_returns=3).remote(
-            rnd
-        )
-        cohort = ray.get(cohort_ref)
-        shards = shard_cohort(cohort, len(self.workers), self.costs)
-        partial_refs = self._train_shards(rnd, shards, weights_ref, public_ref)
-        del weights_ref, public_ref
-        row = ray.get(self.server.finish_round.remote(rnd, *partial_refs, evaluate=False))
-        eval_round = is_eval_round(rnd, self.eval_every, self.rounds)
-        if eval_round:
-            weights_ref = self.server.get_weights.remote()
-            sums = ray.get(
-                [
-                    w.evaluate_slice.remote(weights_ref, a, b)
-                    for w, (a, b) in zip(self.workers, self.test_slices)
-                ]
-            )
-            row["test_accuracy"], row["test_loss"] = combine_sums(sums)
-        if self.personal:
-            row["personal_accuracy_nonprivate"] = float("nan")
-            if eval_round:
-                k = len(self.workers)
-                results = ray.get(
-                    [
-                        w.personal_eval.remote(weights_ref, self._all_clients[i::k])
-                        for i, w in enumerate(self.workers)
-                    ]
-                )
-                correct = sum(c for c, _ in results)
-                total = sum(t for _, t in results)
-                row["personal_accuracy_nonprivate"] = correct / total if total else float("nan")
         return row
 
     def weights(self) -> np.ndarray:

@@ -27,7 +27,7 @@ from engine import rng as rngs
 from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
 from engine.data import FederatedDataset, build_dataset, check_dataset_files
-from engine.executors import Executor, LocalExecutor, RayExecutor
+from engine.executors import Executor, local_executor, ray_executor
 from engine.metrics import RunMetrics
 from engine.models import build_model
 from engine.privacy.accounting import (
@@ -274,8 +274,8 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         model_init=cfg.model.init,
     )
     if cfg.ray.executor == "local":
-        return LocalExecutor(prep.dataset, server, local, cfg.ray.num_workers)
-    return RayExecutor(prep.dataset, server, local, cfg.ray, run_name=run_name)
+        return local_executor(prep.dataset, server, local, cfg.ray.num_workers)
+    return ray_executor(prep.dataset, server, local, cfg.ray, run_name=run_name)
 
 
 def privacy_options(prep: Prepared) -> dict[str, Any]:

@@ -104,8 +104,8 @@ def test_result_does_not_depend_on_client_order(small_overrides) -> None:
 
     prep = prepare(cfg)
     ex = make_executor(prep)
-    worker: ClientWorker = ex.worker
-    w = ex.server.get_weights()
+    worker: ClientWorker = ex.pool.worker
+    w = ex.pool.server.get_weights()
     trainer = worker.one_by_one
     d1 = trainer.train_client(torch.from_numpy(w.copy()), 0, 3).local
     trainer.train_client(torch.from_numpy(w.copy()), 0, 7)  # disturb optimizer/model state

@@ -127,7 +127,7 @@ def test_a_worker_given_a_gpu_that_torch_cannot_use_refuses_to_start(
         make_executor(prepare(load_config(overrides=base)))
     ex = make_executor(prepare(load_config(overrides=[*base, "ray.worker_device=cpu"])))
     try:
-        assert ex.worker_devices == ["cpu", "cpu"]
+        assert ex.pool.worker_devices == ["cpu", "cpu"]
     finally:
         ex.close()
 
@@ -192,7 +192,7 @@ def test_default_config_trains_on_a_usable_gpu(ray_session, small_overrides) -> 
     )
     ex = make_executor(prepare(cfg))
     try:
-        assert ex.gpu_plan["num_gpus_per_worker"] == 0.5
-        assert all(d.startswith("cuda") for d in ex.worker_devices), ex.worker_devices
+        assert ex.pool.gpu_plan["num_gpus_per_worker"] == 0.5
+        assert all(d.startswith("cuda") for d in ex.pool.worker_devices), ex.pool.worker_devices
     finally:
         ex.close()

@@ -93,8 +93,8 @@ def run(
     ex = stats.get("executor")
     outcome.update(
         kills=len(killed),
-        retries=getattr(ex, "retries", None),
-        retry_seconds=getattr(ex, "retry_seconds", None),
+        retries=getattr(getattr(ex, "pool", None), "retries", None),
+        retry_seconds=getattr(getattr(ex, "pool", None), "retry_seconds", None),
         seconds=time.perf_counter() - t0,
     )
     return outcome

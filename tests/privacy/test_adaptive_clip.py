@@ -24,7 +24,7 @@ from tests.conftest import SMALL
 
 def _server(overrides: list[str]):
     prep = prepare(load_config(overrides=[*SMALL, *overrides]))
-    return prep, make_executor(prep).server
+    return prep, make_executor(prep).pool.server
 
 
 def _partial(deltas: list[torch.Tensor], clip: float, dim: int) -> PartialSum:
@@ -196,11 +196,11 @@ def test_one_privatizer_holds_c_z_and_the_updates_z_for_server_and_workers():
     )
     ex = make_executor(prep)
     priv = prep.pipeline.privatizer
-    assert ex.server.pipeline is prep.pipeline
-    assert ex.worker.pipeline is prep.pipeline
-    assert priv.adaptive is prep.adaptive and priv.clip_norm == 0.4 == ex.server.clip_norm
-    assert ex.server.tracker.noise_multiplier == priv.noise_multiplier == 0.8
-    assert ex.server.tracker.event == priv.dp_event(prep.plan.sampling)  # what is accounted
+    assert ex.pool.server.pipeline is prep.pipeline
+    assert ex.pool.worker.pipeline is prep.pipeline
+    assert priv.adaptive is prep.adaptive and priv.clip_norm == 0.4 == ex.pool.server.clip_norm
+    assert ex.pool.server.tracker.noise_multiplier == priv.noise_multiplier == 0.8
+    assert ex.pool.server.tracker.event == priv.dp_event(prep.plan.sampling)  # what is accounted
     # z_Δ > z: the count's release spends part of the budget, so the sum needs more noise
     assert priv.update_noise_multiplier == prep.adaptive.update_noise_multiplier > 0.8
     with pytest.raises(ValueError, match="adaptive clipping accounted for z=0.8"):

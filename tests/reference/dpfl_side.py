@@ -117,8 +117,8 @@ def run_dpfl(
     def on_round(row: dict, executor) -> None:
         if info is not None:
             info.setdefault("rows", []).append(dict(row))
-            info["group"] = executor.worker.clients_per_batch
-            info["note"] = executor.worker.vectorized_note
+            info["group"] = executor.pool.worker.clients_per_batch
+            info["note"] = executor.pool.worker.vectorized_note
 
     res = simulate(
         cfg,
