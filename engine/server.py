@@ -5,7 +5,9 @@ Privacy (docs/algorithms.md §0–1), for DP-FedAvg:
 * Cohorts are drawn from the round's sampling stream: Poisson (each client with
   probability q; optionally truncated to ``max_cohort`` by a uniformly random subset)
   or fixed-size without replacement. The realised cohort size is private under
-  Poisson sampling; it is never used as the denominator.
+  Poisson sampling; it is never used as the denominator. An on-demand population
+  (``dataset.materialize=false``) draws the same Poisson law in O(cohort) rather than
+  O(N) (:func:`poisson_by_count`).
 * The server receives only sums of clipped updates (sensitivity C per client), adds
   N(0, (zC)² I) once from the round's noise stream, divides by the public
   denominator (q·N or m), multiplies by the server learning rate and updates x.
@@ -21,6 +23,8 @@ FedAvg (non-private) skips clipping and noise and divides by the realised cohort
 from __future__ import annotations
 
 import math
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,17 +63,32 @@ class ServerSpec:
     model_init: str = "default"  # model.init: default | zeros
 
 
-def sample_cohort(spec: SamplingSpec, seed: int, rnd: int, secure: bool = False) -> np.ndarray:
+def sample_cohort(
+    spec: SamplingSpec, seed: int, rnd: int, secure: bool = False, on_demand: bool = False
+) -> np.ndarray:
     """The sorted client ids of round ``rnd``: from the round's own sampling stream, or
-    with ``secure`` from the OS CSPRNG (release mode; ``seed`` unused, nothing kept)."""
+    with ``secure`` from the OS CSPRNG (release mode; ``seed`` unused, nothing kept).
+
+    ``on_demand`` (the server sets it for ``dataset.materialize=false`` populations)
+    draws a Poisson cohort in O(cohort) time and memory instead of one uniform per
+    client (:func:`poisson_by_count`, :func:`poisson_by_gaps`). The cohort has the
+    same distribution, so the accountant is unchanged, but not the same draws: it is
+    never used for a materialised population, whose cohorts stay exactly as before.
+    Fixed-size cohorts are already O(cohort) (numpy's ``choice`` without replacement
+    uses Floyd's algorithm when the cohort is ≤ N/50)."""
     n = spec.num_clients
     if secure:
         src = rngs.SecureRandom()
         if spec.mode == "fixed":
             assert spec.cohort_size is not None
+            if on_demand:  # SecureRandom.sample(n, k) would build arange(n)
+                return secure_subset(n, spec.cohort_size)
             return src.sample(n, spec.cohort_size)
         assert spec.rate is not None
-        cohort = np.flatnonzero(src.uniform(n) < spec.rate).astype(np.int64)
+        if on_demand:
+            cohort = poisson_by_gaps(n, spec.rate, src.uniform)
+        else:
+            cohort = np.flatnonzero(src.uniform(n) < spec.rate).astype(np.int64)
         if spec.max_cohort is not None and len(cohort) > spec.max_cohort:
             cohort = src.sample(cohort, spec.max_cohort)
         return cohort
@@ -78,10 +97,64 @@ def sample_cohort(spec: SamplingSpec, seed: int, rnd: int, secure: bool = False)
         assert spec.cohort_size is not None
         return np.sort(g.choice(n, spec.cohort_size, replace=False)).astype(np.int64)
     assert spec.rate is not None
-    cohort = np.flatnonzero(g.random(n) < spec.rate).astype(np.int64)
+    if on_demand:
+        cohort = poisson_by_count(g, n, spec.rate)
+    else:
+        cohort = np.flatnonzero(g.random(n) < spec.rate).astype(np.int64)
     if spec.max_cohort is not None and len(cohort) > spec.max_cohort:
         cohort = np.sort(g.choice(cohort, spec.max_cohort, replace=False)).astype(np.int64)
     return cohort
+
+
+def poisson_by_count(g: np.random.Generator, n: int, rate: float) -> np.ndarray:
+    """Poisson sampling of ``range(n)`` with rate q in O(m) time and memory, m the
+    cohort's size: m ~ Binomial(n, q), then a uniformly random m-subset, sorted.
+
+    Why this is Poisson sampling (each client independently with probability q), so
+    the Poisson-subsampled Gaussian accountant applies unchanged: under Poisson
+    sampling a subset S has probability q^|S| (1 − q)^(n − |S|), which depends on S
+    only through |S|. So |S| ~ Binomial(n, q), and given |S| = m every m-subset is
+    equally likely; drawing m from that binomial and then a uniform m-subset gives
+    every S the same probability. ``Generator.choice(n, m, replace=False)`` is
+    uniform over m-subsets and, for m ≤ n/50 (numpy ≥ 1.17's Generator), runs Floyd's
+    algorithm with a hash set of O(m) entries; above that m is Θ(n) anyway.
+    """
+    m = int(g.binomial(n, rate))
+    return np.sort(g.choice(n, m, replace=False)).astype(np.int64)
+
+
+def poisson_by_gaps(n: int, rate: float, uniform: Callable[[int], np.ndarray]) -> np.ndarray:
+    """Poisson sampling of ``range(n)`` with rate q from uniforms in (0, 1) alone (what
+    :class:`engine.rng.SecureRandom` offers; it has no binomial), in O(m) expected time
+    and memory: the gaps between consecutive members of a Bernoulli(q) sequence are
+    i.i.d. Geometric(q) (failures before a success), P(G ≥ k) = (1 − q)^k, and
+    G = ⌊log u / log(1 − q)⌋ has exactly that law for u uniform on (0, 1). Members
+    are the running sums of G + 1 that stay below n. As with the O(n) draw
+    ``u < q``, the only departure from the real-number law is the uniforms' 2⁻⁵³ grid
+    and float64 rounding of the logarithms."""
+    if n <= 0 or rate <= 0:
+        return np.zeros(0, np.int64)
+    if rate >= 1:
+        return np.arange(n, dtype=np.int64)
+    log_keep = math.log1p(-rate)
+    mean = n * rate
+    chunk = int(mean + 6 * math.sqrt(mean) + 16)  # usually one call
+    parts, last = [], -1
+    while True:
+        gaps = np.minimum(np.floor(np.log(uniform(chunk)) / log_keep), n)  # ≥ n: past the end
+        pos = last + np.cumsum(gaps.astype(np.int64) + 1)
+        inside = pos[pos < n]  # pos increases, so this is a prefix
+        parts.append(inside)
+        if len(inside) < chunk:
+            return np.concatenate(parts)
+        last = int(pos[-1])
+
+
+def secure_subset(n: int, k: int) -> np.ndarray:
+    """``k`` distinct ids of ``range(n)`` from the OS CSPRNG, sorted, in O(k) memory
+    (``random.sample`` of a ``range`` keeps only the picked set when k ≪ n)."""
+    picked = secrets.SystemRandom().sample(range(n), k)
+    return np.sort(np.asarray(picked, dtype=np.int64))
 
 
 class Server:
@@ -90,6 +163,9 @@ class Server:
     def __init__(self, dataset: FederatedDataset, spec: ServerSpec) -> None:
         self.dataset = dataset
         self.spec = spec
+        # dataset.materialize=false: O(cohort) Poisson draws (sample_cohort); a
+        # materialised population keeps its one-uniform-per-client cohorts.
+        self.on_demand = dataset.meta.get("materialize", True) is False
         self.model = init_process_model(
             spec.seed, spec.model_name, dataset, spec.num_threads, model_init=spec.model_init
         )
@@ -157,7 +233,9 @@ class Server:
         if rnd != self.rounds_done:
             raise RuntimeError(f"round {rnd} requested but {self.rounds_done} rounds are done")
         public = {"g_tilde": None if self.g_tilde is None else self.g_tilde.numpy()}
-        cohort = sample_cohort(self.spec.sampling, self.spec.seed, rnd, self.spec.secure)
+        cohort = sample_cohort(
+            self.spec.sampling, self.spec.seed, rnd, self.spec.secure, self.on_demand
+        )
         if self.adaptive is not None:
             public["clip_norm"] = self.clip_norm  # C_t: clients clip (and count) with it
         return cohort, self.weights.numpy(), public
