@@ -138,8 +138,13 @@ def shard_cohort(
 def client_costs(dataset: FederatedDataset, spec: LocalSpec) -> np.ndarray | None:
     """Estimated local work per client (examples processed, plus one batch for the
     per-client overhead of loading, differencing and clipping), for ``shard_cohort``;
-    ``None`` for recipes with per-client state, whose shards must stay sticky."""
+    ``None`` for recipes with per-client state, whose shards must stay sticky, and for
+    an on-demand population (``dataset.materialize=false``), whose sizes are known only
+    by drawing every client's (O(N) time and memory once per run): its shards are then
+    count-balanced and sticky (``owner_shard``)."""
     if spec.pipeline.personal is not None:
+        return None
+    if dataset.meta.get("materialize", True) is False:
         return None
     sizes = dataset.client_sizes().astype(np.float64)
     bs = spec.batch_size

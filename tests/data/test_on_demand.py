@@ -66,3 +66,27 @@ def test_materialize_false_needs_synthetic_natural():
         DatasetConfig(materialize=False)  # iid
     with pytest.raises(ConfigError, match="dataset.materialize"):
         DatasetConfig(materialize=False, name="digits", partition="iid")
+
+
+def test_on_demand_shards_are_sticky_without_drawing_every_size(monkeypatch):
+    """client_costs would draw all N sizes (O(N) once per run): an on-demand population
+    gets None (count-balanced, sticky shards); a materialised one keeps its costs."""
+    from algorithms import build_pipeline
+    from engine.client import LocalSpec, client_costs
+    from engine.config import AlgoConfig
+    from engine.data.on_demand import OnDemandClientIndex
+
+    spec = LocalSpec(
+        seed=0, model_name="logreg", epochs=2, batch_size=10, lr=0.1, lr_decay=1.0,
+        momentum=0.0, weight_decay=0.0,
+        pipeline=build_pipeline("dp_fedavg", AlgoConfig(), 1.0, 0.0, "logreg"),
+    )  # fmt: skip
+    full = build_dataset(DatasetConfig(**KW), np.random.default_rng(2))
+    np.testing.assert_allclose(client_costs(full, spec), 2 * full.client_sizes() + 10)
+
+    def boom(self):
+        raise AssertionError("drew every client's size")
+
+    monkeypatch.setattr(OnDemandClientIndex, "sizes", boom)
+    lazy = build_dataset(DatasetConfig(materialize=False, **KW), np.random.default_rng(2))
+    assert client_costs(lazy, spec) is None
