@@ -42,11 +42,11 @@ PIECE_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     "sam": ("rho", "asam"),
     "pgn": ("beta", "rho"),
     "blur": ("blur_lambda",),
-    "topk": ("sparsity",),
-    "randk": ("sparsity", "randk_rescale"),
-    "lus": ("sparsity",),
+    "topk": ("keep_fraction",),
+    "randk": ("keep_fraction", "randk_rescale"),
+    "lus": ("zero_fraction",),
     "laplacian_smoothing": ("sigma_ls", "ls_scope"),
-    "server_topk": ("sparsity",),
+    "server_topk": ("keep_fraction",),
     "personal": ("head_steps", "body_steps", "personal_layers"),
 }
 
@@ -58,9 +58,9 @@ PIECE_SPACES: dict[str, dict[str, dict[str, Any]]] = {
         "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
     },
     "blur": {"algo.blur_lambda": {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]}},
-    "topk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "randk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "server_topk": {"algo.sparsity": {"type": "uniform", "low": 0.1, "high": 1.0}},
+    "topk": {"algo.keep_fraction": {"type": "uniform", "low": 0.1, "high": 1.0}},
+    "randk": {"algo.keep_fraction": {"type": "uniform", "low": 0.1, "high": 1.0}},
+    "server_topk": {"algo.keep_fraction": {"type": "uniform", "low": 0.1, "high": 1.0}},
     "laplacian_smoothing": {"algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 3.0}},
 }
 
@@ -125,9 +125,9 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
     if recipe.constraint == "ball":
         kw["constraint"] = BallProjection(C)
     client = {
-        "topk": lambda: TopK(_pick(a.sparsity, 0.5)),
-        "randk": lambda: RandK(_pick(a.sparsity, 0.5), rescale=a.randk_rescale),
-        "lus": lambda: LUS(_pick(a.sparsity, 0.7)),
+        "topk": lambda: TopK(_pick(a.keep_fraction, 0.5)),
+        "randk": lambda: RandK(_pick(a.keep_fraction, 0.5), rescale=a.randk_rescale),
+        "lus": lambda: LUS(_pick(a.zero_fraction, 0.7)),
     }
     client_transforms = [client[name]() for name in recipe.client_transforms]
     smoothing_sigma = 0.01 if pgn else fed_ls_default_sigma(model_name)
@@ -135,7 +135,7 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
         "laplacian_smoothing": lambda: LaplacianSmoothing(
             _pick(a.sigma_ls, smoothing_sigma), a.ls_scope
         ),
-        "server_topk": lambda: ServerTopK(_pick(a.sparsity, 0.4)),
+        "server_topk": lambda: ServerTopK(_pick(a.keep_fraction, 0.4)),
     }
     server_transforms = [server[name]() for name in recipe.server_transforms]
     if pgn:  # DP-FedPGN's public drift and server update come with its step

@@ -149,13 +149,14 @@ class RandK:
 
 @dataclass(frozen=True)
 class LUS:
-    """Zero the fraction ``sparsity`` of Δ least important by |∂f/∂w · Δ| (before clip)."""
+    """Zero the fraction ``zero_fraction`` (c) of Δ least important by |∂f/∂w · Δ|
+    (before clip)."""
 
-    sparsity: float
+    zero_fraction: float
     public_mask = False
 
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
-        return lus_sparsify(delta, ctx["local_gradient"](), self.sparsity)
+        return lus_sparsify(delta, ctx["local_gradient"](), self.zero_fraction)
 
 
 @dataclass(frozen=True)

@@ -162,41 +162,41 @@ RECIPES: dict[str, Recipe] = {
         ),
         _recipe(
             "dp_fedavg_blur_lus",
-            ("blur_lambda", "sparsity"),
+            ("blur_lambda", "zero_fraction"),
             _fixed(regularizer="blur", client_transforms=("lus",)),
             method="DP-FedAvg + BLUR + LUS (Cheng et al., CVPR 2022)",
             shares="`dp_fedavg_blur` + LUS",
-            hyperparameter_doc="`blur_lambda` (0.4), `sparsity` = zeroed fraction c (0.7)",
+            hyperparameter_doc="`blur_lambda` (0.4), `zero_fraction` = zeroed fraction c (0.7)",
             departure=(
                 "LUS runs before clipping; noise covers all d coordinates (the LUS mask is private)"
             ),
             search_space={
                 "algo.blur_lambda": _BLUR_LAMBDA,
-                "algo.sparsity": {"type": "choice", "values": [0.1, 0.3, 0.5, 0.7, 0.9]},
+                "algo.zero_fraction": {"type": "choice", "values": [0.1, 0.3, 0.5, 0.7, 0.9]},
             },
         ),
         _recipe(
             "fedsmp_randk",
-            ("sparsity", "randk_rescale"),
+            ("keep_fraction", "randk_rescale"),
             _fixed(client_transforms=("randk",), noise_support="public_mask"),
             method="Fed-SMP rand-k (Hu, Gong, Guo 2022)",
             shares="`dp_fedavg` + public rand-k",
-            hyperparameter_doc="`sparsity` = kept fraction p (0.5), `randk_rescale` (false)",
+            hyperparameter_doc="`keep_fraction` = kept fraction p (0.5), `randk_rescale` (false)",
             departure=(
                 "— (the mask is public, drawn per round from the seed; noise only on its k "
                 "coordinates)"
             ),
-            search_space={"algo.sparsity": _FRACTION},
+            search_space={"algo.keep_fraction": _FRACTION},
         ),
         _recipe(
             "fedsmp_topk",
-            ("sparsity",),
+            ("keep_fraction",),
             _fixed(client_transforms=("topk",)),
             method="Fed-SMP top-k (Hu, Gong, Guo 2022)",
             shares="`dp_fedavg` + top-k",
-            hyperparameter_doc="`sparsity` = kept fraction (0.5)",
+            hyperparameter_doc="`keep_fraction` = kept fraction (0.5)",
             departure="top-k support is private: noise covers all d coordinates",
-            search_space={"algo.sparsity": _FRACTION},
+            search_space={"algo.keep_fraction": _FRACTION},
         ),
         _recipe(
             "dp_fed_ls",
@@ -228,20 +228,20 @@ RECIPES: dict[str, Recipe] = {
         ),
         _recipe(
             "dp_fedsam_topk",
-            (*_SAM_HP, "sparsity", "topk_site"),
+            (*_SAM_HP, "keep_fraction", "topk_site"),
             _dp_fedsam_topk,
-            defaults={"sparsity": 0.4},
+            defaults={"keep_fraction": 0.4},
             method="DP-FedSAM-top_k (Shi et al. 2023, arXiv:2305.00873)",
             shares="`dp_fedsam` + server top-k",
             hyperparameter_doc=(
-                "`rho`, `asam`, `sparsity` = kept fraction (0.4), `topk_site` (`server`)"
+                "`rho`, `asam`, `keep_fraction` = kept fraction (0.4), `topk_site` (`server`)"
             ),
             departure=(
                 "top-k of the noisy aggregate (post-processing) instead of per-client top-k "
                 "after per-client noise, which is private only at each client's own noise level; "
                 "`topk_site=client` = top-k before clipping with noise on all d"
             ),
-            search_space={"algo.rho": _RHO_SAM, "algo.sparsity": _FRACTION},
+            search_space={"algo.rho": _RHO_SAM, "algo.keep_fraction": _FRACTION},
         ),
         _recipe(
             "dp2_fedsam",
@@ -356,9 +356,9 @@ def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
         out["blur_lambda"] = pipeline.regularizer.lam
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):
         if isinstance(t, LUS):
-            out["sparsity"] = t.sparsity
+            out["zero_fraction"] = t.zero_fraction
         elif isinstance(t, (TopK, RandK, ServerTopK)):
-            out["sparsity"] = t.fraction
+            out["keep_fraction"] = t.fraction
             if isinstance(t, RandK):
                 out["randk_rescale"] = t.rescale
         elif isinstance(t, LaplacianSmoothing):

@@ -43,7 +43,7 @@ FLOAT_COLUMNS = [
     "nonfinite_updates_nonprivate", "max_clipped_norm_nonprivate", "noise_multiplier",
     "clip_norm", "delta", "sampling_rate", "num_clients", "max_cohort", "rounds_planned",
     "trial_index", "trial_seed", "data_seed", "lr", "epochs", "rho", "beta", "sigma_ls",
-    "sparsity", "blur_lambda", "wall_time_s_nonprivate", "local_steps",
+    "keep_fraction", "blur_lambda", "wall_time_s_nonprivate", "local_steps",
 ]  # fmt: skip
 STRING_COLUMNS = {"ls_scope": "string", "ls_local": "string"}
 
@@ -69,7 +69,7 @@ def trial_rows(trial_id: str, rounds: int, seed: int) -> list[dict]:
 
 
 def measure(out: Path, trials: int, rounds: int, sample: int) -> dict:
-    columns = {c: "float" for c in ("lr", "epochs", "rho", "beta", "sigma_ls", "sparsity")}
+    columns = {c: "float" for c in ("lr", "epochs", "rho", "beta", "sigma_ls", "keep_fraction")}
     columns.update(STRING_COLUMNS)
     sample = min(sample, trials)
     t0 = time.perf_counter()

@@ -337,7 +337,8 @@ class AlgoConfig:
     sigma_ls: float | None = None
     ls_scope: str = "tensor"
     ls_local: str = "project"  # DP-Fed-LS local bounding: project (paper) or clip_once
-    sparsity: float | None = None
+    keep_fraction: float | None = None  # top-k, rand-k, server top-k: kept fraction p
+    zero_fraction: float | None = None  # LUS: zeroed fraction c
     topk_site: str = "server"
     randk_rescale: bool = False
     blur_lambda: float | None = None
@@ -355,10 +356,16 @@ class AlgoConfig:
             self.beta is None or 0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]"
         )
         _check(
-            self.sparsity is None or 0 <= self.sparsity <= 1,
-            "algo.sparsity",
-            self.sparsity,
-            "must be in [0, 1]",
+            self.keep_fraction is None or 0 < self.keep_fraction <= 1,
+            "algo.keep_fraction",
+            self.keep_fraction,
+            "(kept fraction) must be in (0, 1]",
+        )
+        _check(
+            self.zero_fraction is None or 0 <= self.zero_fraction < 1,
+            "algo.zero_fraction",
+            self.zero_fraction,
+            "(zeroed fraction) must be in [0, 1)",
         )
         _check(
             self.ls_scope in ("tensor", "model", "weights"),
@@ -678,6 +685,15 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
+#: Keys that were renamed, with what to write instead (a one-line error, never a guess).
+RENAMED = {
+    "algo.sparsity": (
+        "write algo.keep_fraction for the kept fraction p of top-k / rand-k / server "
+        "top-k, or algo.zero_fraction for the zeroed fraction c of LUS"
+    ),
+}
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}={data!r}: expected a mapping")
@@ -687,6 +703,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in known:
+            if key in RENAMED:
+                raise ConfigError(f"{key}: renamed; {RENAMED[key]}")
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(known))})")
         tp = hints[k]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):

@@ -89,7 +89,8 @@ KEY_HELP: dict[str, str] = {
     "(each weight tensor of >= 2 dims; biases unsmoothed)",
     "algo.ls_local": "DP-Fed-LS local bounding: project (ball after every step, the paper) "
     "or clip_once (clip the final update only)",
-    "algo.sparsity": "kept fraction (top-k, rand-k) or zeroed fraction (LUS)",
+    "algo.keep_fraction": "kept fraction p of top-k, rand-k and server top-k",
+    "algo.zero_fraction": "zeroed fraction c of LUS",
     "algo.topk_site": "top-k of the noisy aggregate (server) or before clipping (client)",
     "algo.randk_rescale": "rand-k: scale kept coordinates by d/k",
     "algo.blur_lambda": "BLUR weight lambda (null: recipe default)",

@@ -183,8 +183,10 @@ def validate_pipeline(pipeline, model) -> None:
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):
         if isinstance(t, (TopK, RandK, ServerTopK)):
             num_kept(d, t.fraction)
-        if isinstance(t, LUS) and not 0 <= t.sparsity < 1:
-            raise ValueError(f"algo.sparsity={t.sparsity}: LUS zeroes this fraction; use [0, 1)")
+        if isinstance(t, LUS) and not 0 <= t.zero_fraction < 1:
+            raise ValueError(
+                f"algo.zero_fraction={t.zero_fraction}: LUS zeroes this fraction; use [0, 1)"
+            )
     if pipeline.personal is not None:
         personal_mask(model, pipeline.personal.layers)
 

@@ -39,12 +39,12 @@ def num_kept(d: int, fraction: float) -> int:
         ``k = max(1, min(d, round(fraction·d)))`` (Python's ``round``: halves to even).
 
     Raises:
-        ValueError: If ``fraction`` is outside ``(0, 1]`` (names ``algo.sparsity``) or
+        ValueError: If ``fraction`` is outside ``(0, 1]`` (names ``algo.keep_fraction``) or
             ``d < 1``.
     """
     f = float(fraction)
     if not (math.isfinite(f) and 0.0 < f <= 1.0):
-        raise ValueError(f"algo.sparsity: kept fraction {fraction!r} must be in (0, 1]")
+        raise ValueError(f"algo.keep_fraction: kept fraction {fraction!r} must be in (0, 1]")
     if int(d) < 1:
         raise ValueError(f"need at least one coordinate, got d={d}")
     return max(1, min(int(d), round(f * int(d))))
@@ -92,7 +92,7 @@ def keep_topk(v: torch.Tensor, fraction: float) -> torch.Tensor:
         A new tensor of ``v``'s shape and dtype.
 
     Raises:
-        ValueError: If ``fraction`` is outside ``(0, 1]`` (names ``algo.sparsity``).
+        ValueError: If ``fraction`` is outside ``(0, 1]`` (names ``algo.keep_fraction``).
     """
     _check_1d(v, "keep_topk")
     return apply_mask(v, topk_mask(v, num_kept(v.numel(), fraction)))
@@ -114,7 +114,7 @@ def randk_mask(d: int, fraction: float, generator: torch.Generator) -> torch.Ten
         Bool tensor of shape ``(d,)``.
 
     Raises:
-        ValueError: If ``fraction`` is outside ``(0, 1]`` (names ``algo.sparsity``).
+        ValueError: If ``fraction`` is outside ``(0, 1]`` (names ``algo.keep_fraction``).
     """
     k = num_kept(d, fraction)
     idx = torch.randperm(d, generator=generator, device=generator.device)[:k]
@@ -171,12 +171,12 @@ def lus_sparsify(delta: torch.Tensor, grad: torch.Tensor, sparsity: float) -> to
         A new tensor of ``delta``'s shape and dtype.
 
     Raises:
-        ValueError: If ``sparsity`` is outside ``[0, 1)`` (names ``algo.sparsity``), or
+        ValueError: If ``sparsity`` is outside ``[0, 1)`` (names ``algo.zero_fraction``), or
             the shapes differ, or ``delta`` is not 1-D.
     """
     c = float(sparsity)
     if not (math.isfinite(c) and 0.0 <= c < 1.0):
-        raise ValueError(f"algo.sparsity: LUS zeroed fraction {sparsity!r} must be in [0, 1)")
+        raise ValueError(f"algo.zero_fraction: LUS zeroed fraction {sparsity!r} must be in [0, 1)")
     _check_1d(delta, "lus_sparsify")
     if grad.shape != delta.shape:
         raise ValueError(f"grad shape {tuple(grad.shape)} != delta shape {tuple(delta.shape)}")

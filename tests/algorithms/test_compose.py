@@ -55,7 +55,12 @@ def test_every_built_in_recipe_has_a_spelling() -> None:
     [
         (AlgoConfig(), "mlp"),
         (AlgoConfig(), "logreg"),
-        (AlgoConfig(rho=0.1, asam=False, sparsity=0.3, sigma_ls=0.2, beta=0.6), "cnn"),
+        (
+            AlgoConfig(
+                rho=0.1, asam=False, keep_fraction=0.3, zero_fraction=0.3, sigma_ls=0.2, beta=0.6
+            ),
+            "cnn",
+        ),
         (AlgoConfig(blur_lambda=0.8, randk_rescale=True, ls_scope="weights"), None),
     ],
 )

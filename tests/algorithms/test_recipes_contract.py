@@ -92,7 +92,7 @@ def test_noise_only_on_the_public_randk_mask() -> None:
         "algorithm=fedsmp_randk",
         "privacy.noise_multiplier=1.0",
         "rounds=1",
-        "algo.sparsity=0.25",
+        "algo.keep_fraction=0.25",
         "sampling.rate=0.01",
     )  # empty cohort: pure noise
     assert res.rounds["realised_cohort_size_nonprivate"].iloc[0] == 0
@@ -189,8 +189,11 @@ def test_client_state_snapshot_round_trips() -> None:
 def test_invalid_recipe_hyperparameters_fail_early() -> None:
     from engine.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^algo\.sparsity=1\.0"):
-        run("algorithm=dp_fedavg_blur_lus", "algo.sparsity=1.0")
+    with pytest.raises(ConfigError, match=r"^algo\.zero_fraction=1\.0"):
+        run("algorithm=dp_fedavg_blur_lus", "algo.zero_fraction=1.0")
+    # The old ambiguous key is refused with what to write instead.
+    with pytest.raises(ConfigError, match=r"^algo\.sparsity: renamed; .*algo\.keep_fraction"):
+        run("algorithm=fedsmp_topk", "algo.sparsity=0.5")
     with pytest.raises(ConfigError, match=r"^algo\.personal_layers=9"):
         run("algorithm=dp2_fedsam", "algo.personal_layers=9")
     with pytest.raises(ConfigError, match=r"^algo\.beta"):

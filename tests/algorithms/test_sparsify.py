@@ -187,7 +187,7 @@ def test_lus_zero_sparsity_identity_and_inputs_untouched() -> None:
 
 
 def test_errors_name_keys() -> None:
-    key = re.escape("algo.sparsity")
+    key = re.escape("algo.keep_fraction")
     for bad in (0.0, -0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match=key):
             num_kept(10, bad)
@@ -196,7 +196,7 @@ def test_errors_name_keys() -> None:
         with pytest.raises(ValueError, match=key):
             randk_mask(10, bad, torch.Generator().manual_seed(0))
     for bad in (1.0, -0.1, 2.0, float("nan")):
-        with pytest.raises(ValueError, match=key):
+        with pytest.raises(ValueError, match=re.escape("algo.zero_fraction")):
             lus_sparsify(torch.randn(5), torch.randn(5), bad)
     with pytest.raises(ValueError, match="shape"):
         lus_sparsify(torch.randn(5), torch.randn(4), 0.5)

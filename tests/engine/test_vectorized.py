@@ -120,7 +120,7 @@ CASES = [
     ("pgn", "dp_fedpgn", {"steps": 3}, "g"),
     ("blur", "dp_fedavg_blur", {"algo": AlgoConfig(blur_lambda=2.0), "clip_norm": 0.3}, None),
     ("fed_ls", "dp_fed_ls", {"clip_norm": 0.3}, None),
-    ("topk", "fedsmp_topk", {"algo": AlgoConfig(sparsity=0.2)}, None),
+    ("topk", "fedsmp_topk", {"algo": AlgoConfig(keep_fraction=0.2)}, None),
 ]
 _SEQ: dict[tuple, PartialSum] = {}
 
@@ -175,8 +175,8 @@ def test_momentum_and_weight_decay_follow_torch_sgd(model) -> None:
 @pytest.mark.parametrize(
     "algorithm,extra",
     [
-        ("dp_fedavg_blur_lus", {"algo": AlgoConfig(sparsity=0.5)}),
-        ("fedsmp_randk", {"algo": AlgoConfig(sparsity=0.3)}),
+        ("dp_fedavg_blur_lus", {"algo": AlgoConfig(zero_fraction=0.5)}),
+        ("fedsmp_randk", {"algo": AlgoConfig(keep_fraction=0.3)}),
         ("dp_fedavg", {"algo": AlgoConfig(noise_site="client")}),
         ("fedavg", {"clip_norm": math.inf}),
     ],

@@ -60,7 +60,7 @@ def check_experiment(out: Path, rounds: int) -> pd.DataFrame:
         final = g[g["round"] == rounds]["epsilon"]
         assert (final <= eps).all()
         assert final.to_numpy() == pytest.approx(compute_epsilon(z, spec, rounds, delta))
-    assert {"clip_norm", "lr", "epochs", "sparsity", "trial_id"} <= set(df.columns)
+    assert {"clip_norm", "lr", "epochs", "keep_fraction", "trial_id"} <= set(df.columns)
     return df
 
 
