@@ -28,6 +28,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,27 +49,11 @@ PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delt
 
 
 def _given(path: str | None, overrides: list[str]) -> dict[str, Any]:
-    """The keys the user set (YAML file and ``--set``), dotted, with their values."""
-    from engine.config import parse_override, read_yaml_mapping
+    """The keys the user set (YAML file and ``--set``), dotted, with their values: the
+    tree ``load_config`` builds before filling in defaults."""
+    from engine.config import dotted_leaves, user_tree
 
-    given: dict[str, Any] = {}
-
-    def walk(tree: dict, prefix: str) -> None:
-        for k, v in tree.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                given[f"{prefix}{k}"] = v
-
-    if path is not None:
-        walk(read_yaml_mapping(path), "")
-    for item in overrides:
-        key, value = parse_override(item)
-        if isinstance(value, dict):
-            walk(value, f"{key}.")
-        else:
-            given[key] = value
-    return given
+    return dotted_leaves(user_tree(path, overrides))
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
@@ -263,9 +248,27 @@ def _privacy_line(p: dict) -> str:
 # --------------------------------------------------------------------------- commands
 
 
-def _run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class RunPlan:
+    """What ``dpfl run`` will do, decided and checked before anything is written:
+    the config, the seeds (empty: the config's own seed), the results folder and
+    whether its name is a default one, or the saved state of a run to continue."""
+
+    config: RunConfig
+    out: Path
+    seeds: list[int]
+    default_out: bool = False
+    overwrite: bool = False
+    resume: dict | None = None  # engine.simulate.load_run's state (--resume)
+    dataset: Any = None  # the first seed's data, built while checking (reused)
+
+
+def _plan_run(args: argparse.Namespace) -> RunPlan:
+    """Check every input of ``dpfl run`` (flags, config, privacy keys, folder, and
+    everything ``simulate.prepare`` checks without training) and say what will run.
+    Creates no folder and starts nothing."""
     from engine.config import replace
-    from engine.simulate import prepare, simulate
+    from engine.simulate import prepare
 
     if args.resume:
         from engine.simulate import load_run
@@ -284,15 +287,11 @@ def _run(args: argparse.Namespace) -> int:
         config, resume = load_run(args.resume)
         if args.executor:
             config = replace(config, **{"ray.executor": args.executor})
-        out = Path(args.resume)
-        with _quiet_ray(out, args.verbose, config.ray.executor == "ray"):
-            result = simulate(config, progress=not args.quiet, resume=resume)
-        _print_run(config, result)
-        return 0
+        return RunPlan(config, Path(args.resume), [], resume=resume)
 
     config = _load(args)
     _check_private([config.algorithm], args, config.recipe.private)
-    seeds = _seeds(args.seeds)
+    seeds = _seeds(args.seeds) or []
     requested = args.out or config.out
     out = Path(requested) if requested else _default_out(config.algorithm)
     if requested:
@@ -301,12 +300,34 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
     first = replace(config, seed=seeds[0]) if seeds else config
     prep = prepare(first)  # every check that needs no training, before any folder exists
-    out = _claim_out(out, args.overwrite, default=not requested)
+    return RunPlan(
+        config,
+        out,
+        seeds,
+        default_out=not requested,
+        overwrite=args.overwrite,
+        dataset=prep.dataset,
+    )
+
+
+def _execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
+    """Run a checked plan: claim the folder, then one simulation per seed."""
+    from engine.config import replace
+    from engine.simulate import simulate
+
+    config = plan.config
     uses_ray = config.ray.executor == "ray"
+    if plan.resume is not None:
+        with _quiet_ray(plan.out, args.verbose, uses_ray):
+            result = simulate(config, progress=not args.quiet, resume=plan.resume)
+        _print_run(config, result)
+        return 0
+    out = _claim_out(plan.out, plan.overwrite, default=plan.default_out)
+    seeds = plan.seeds
     with _quiet_ray(out, args.verbose, uses_ray):
         if not seeds:
             result = simulate(
-                replace(config, out=str(out)), progress=not args.quiet, dataset=prep.dataset
+                replace(config, out=str(out)), progress=not args.quiet, dataset=plan.dataset
             )
             _print_run(config, result)
             return 0
@@ -321,7 +342,7 @@ def _run(args: argparse.Namespace) -> int:
                 c = replace(config, seed=s, out=str(out / f"seed{s}"))
                 results.append(
                     simulate(
-                        c, progress=not args.quiet, dataset=prep.dataset if s == seeds[0] else None
+                        c, progress=not args.quiet, dataset=plan.dataset if s == seeds[0] else None
                     )
                 )
                 print(f"seed {s}: final test_accuracy={results[-1].final_accuracy:.4f}")
@@ -330,6 +351,10 @@ def _run(args: argparse.Namespace) -> int:
                 _shutdown_ray()
     _print_seeds(config, seeds, results, out)
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    return _execute_run(_plan_run(args), args)
 
 
 def _print_run(config: RunConfig, result) -> None:
@@ -468,7 +493,19 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tune(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class TunePlan:
+    """What ``dpfl tune`` will do, checked before anything is written."""
+
+    algorithms: list[str]
+    epsilons: list[float]
+    out: Path
+
+
+def _plan_tune(args: argparse.Namespace) -> TunePlan:
+    """Check the flags of ``dpfl tune`` and the results folder; writes nothing.
+    (The config and search spaces are checked by ``tuning.experiment.run_tune``
+    before it starts Ray.)"""
     from engine.compare import parse_algorithms
 
     algorithms = parse_algorithms(args.algorithms)
@@ -496,6 +533,12 @@ def _tune(args: argparse.Namespace) -> int:
         _check_out(out, "--out", args.overwrite, "--resume")
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
+    return TunePlan(algorithms, epsilons, out)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    plan = _plan_tune(args)
+    algorithms, epsilons, out = plan.algorithms, plan.epsilons, plan.out
     # --overwrite: the old folder is set aside, and restored if the new experiment
     # fails its checks before creating anything.
     aside = None

@@ -748,13 +748,13 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
-def load_config(
+def user_tree(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     base: dict[str, Any] | None = None,
-) -> RunConfig:
-    """Build a :class:`RunConfig` from defaults, a YAML file (a diff over the defaults)
-    and ``key=value`` overrides, in that order."""
+) -> dict[str, Any]:
+    """What the user wrote, as a nested mapping: ``base``, then the YAML file (a diff),
+    then the ``key=value`` overrides, in that order; no defaults filled in."""
     tree: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     if path is not None:
         loaded = read_yaml_mapping(path)
@@ -767,7 +767,28 @@ def load_config(
     for item in overrides or []:
         key, value = parse_override(item)
         _set_path(tree, key, value)
-    return _build(RunConfig, tree, "")
+    return tree
+
+
+def dotted_leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``: every non-mapping value by its dotted key."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(dotted_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Build a :class:`RunConfig` from defaults, a YAML file (a diff over the defaults)
+    and ``key=value`` overrides, in that order (:func:`user_tree`)."""
+    return _build(RunConfig, user_tree(path, overrides, base), "")
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -382,3 +382,28 @@ def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -
     verbose = pd.read_parquet(tmp_path / "verbose" / "rounds.parquet")
     cols = ["round", "epsilon", "test_accuracy"]
     pd.testing.assert_frame_equal(quiet[cols], verbose[cols])  # quiet changes no result
+
+
+def test_run_plan_checks_everything_and_writes_nothing(small_overrides, tmp_path) -> None:
+    """``dpfl run`` is plan (checks, no side effects) then execute: the plan holds the
+    parsed seeds, the folder and the built data, and creates no folder; a bad value
+    fails in the plan, before any folder exists."""
+    from engine.cli import _plan_run, build_parser
+
+    out = tmp_path / "r"
+    argv = [
+        "run",
+        "--out",
+        str(out),
+        "--seeds",
+        "3,4",
+        *[a for k in small_overrides for a in ("--set", k)],
+    ]
+    plan = _plan_run(build_parser().parse_args(argv))
+    assert plan.seeds == [3, 4] and plan.out == out and not plan.default_out
+    assert plan.dataset is not None and plan.dataset.num_clients == plan.config.dataset.num_clients
+    assert not out.exists()
+    bad = build_parser().parse_args([*argv, "--set", "sampling.rate=2"])
+    with pytest.raises(Exception, match="sampling.rate"):
+        _plan_run(bad)
+    assert not out.exists()
