@@ -198,6 +198,7 @@ class SyntheticGenerator:
         per_client_max = head + self.max_size * d
         capacity = max(chunk_values, 2 * per_client_max)
         buf = np.empty(capacity, np.float64)  # one chunk of raw normals
+        work = _Scratch(capacity, head, d, self.num_classes, min(4, self.max_size), self.beta)
         total = sum(len(ks) for _, ks in segments)
         expect = int(total * self.mean_samples * 1.2) + 16  # E[size] = m·e^{1/8} ≈ 1.13 m
         x = np.empty((expect, d), np.float32)
@@ -218,7 +219,7 @@ class SyntheticGenerator:
                     size = self._size(g)
                     n = head + size * d
                     if used + n > capacity:  # flush the chunk
-                        x, y, rows = self._finish(buf, starts, chunk, x, y, rows)
+                        x, y, rows = self._finish(buf, starts, chunk, x, y, rows, work)
                         used, starts, chunk = 0, [], []
                     g.standard_normal(out=buf[used : used + n])
                     starts.append(used)
@@ -226,7 +227,7 @@ class SyntheticGenerator:
                     used += n
                     sizes[done] = size
                     done += 1
-                x, y, rows = self._finish(buf, starts, chunk, x, y, rows)
+                x, y, rows = self._finish(buf, starts, chunk, x, y, rows, work)
         x.resize((rows, d), refcheck=False)  # shrink in place (no copy of the data)
         y.resize(rows, refcheck=False)
         return x, y, sizes
@@ -239,48 +240,87 @@ class SyntheticGenerator:
         x: np.ndarray,
         y: np.ndarray,
         rows: int,
+        work: _Scratch,
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Turn one chunk's raw normals into examples, appended to ``x``/``y`` at ``rows``.
 
         Per client, as ``numpy``'s ``normal(loc, scale)`` computes from its normals z:
         u = 0 + √α·z, B = 0 + √β·z, W = u + z (or W_0 + u), b likewise, v = B + z,
         x = v + √Σ·z; labels argmax(x @ W.T + b); features x / scale as float32.
+        The chunk-sized arrays are ``work``'s, written with ``out=``: the same
+        operations on the same operands, without a malloc/free (and page faults) each.
         """
         if not chunk:
             return x, y, rows
         c, d = self.num_classes, self.dim
         head = self._head()
-        start = np.asarray(starts, dtype=np.int64)
         size = np.asarray(chunk, dtype=np.int64)
         m, n = len(size), int(size.sum())
-        h = buf[start[:, None] + np.arange(head)]  # (m, head)
+        # Clients are packed in buf: client j's head at starts[j] = j·head + (its first
+        # row)·d, its rows right after. Row r of client j reads buf[(j + 1)·head + r·d ...].
+        h_idx = work.h_idx[: m * head].reshape(m, head)  # buf[start[:, None] + arange(head)]
+        np.add(work.arange[None, :head], np.asarray(starts, dtype=np.int64)[:, None], out=h_idx)
+        h = work.h[: m * head].reshape(m, head)
+        np.take(buf, h_idx, out=h)
         u = 0.0 + math.sqrt(self.alpha) * h[:, 0]
         b_mean = 0.0 + math.sqrt(self.beta) * h[:, 1]
+        w = work.w[: m * c * d].reshape(m, c, d)
+        b = work.b[: m * c].reshape(m, c)
         if self.shared is None:
-            w = u[:, None, None] + h[:, 2 : 2 + c * d].reshape(m, c, d)
-            b = u[:, None] + h[:, 2 + c * d : 2 + c * d + c]
+            np.add(u[:, None, None], h[:, 2 : 2 + c * d].reshape(m, c, d), out=w)
+            np.add(u[:, None], h[:, 2 + c * d : 2 + c * d + c], out=b)
         else:
-            w = self.shared[0][None] + u[:, None, None]
-            b = self.shared[1][None] + u[:, None]
+            np.add(self.shared[0][None], u[:, None, None], out=w)
+            np.add(self.shared[1][None], u[:, None], out=b)
         v = b_mean[:, None] + h[:, head - d :]
-        cov_sd = np.sqrt(np.power(np.arange(1, d + 1, dtype=np.float64), -1.2))
-        # row r of the chunk: client j's example i sits at start_j + head + i·d
-        first = np.repeat(start + head - np.cumsum(size * d) + size * d, size * d)
-        z = buf[first + np.arange(n * d)].reshape(n, d)
-        feats = np.repeat(v, size, axis=0) + cov_sd * z
-        logits = np.empty((n, c), np.float64)
+        owner = np.repeat(work.arange[:m], size)  # (n,): the client of each row
+        idx = work.idx[: n * d].reshape(n, d)
+        np.add(work.arange[: n * d].reshape(n, d), ((owner + 1) * head)[:, None], out=idx)
+        z = work.z[: n * d].reshape(n, d)
+        np.take(buf, idx, out=z)
+        feats = work.feats[: n * d].reshape(n, d)
+        np.multiply(work.cov_sd, z, out=z)
+        np.take(v, owner, axis=0, out=feats)  # np.repeat(v, size, axis=0)
+        np.add(feats, z, out=feats)
+        logits = work.logits[: n * c].reshape(n, c)
         r = 0
         for j, s in enumerate(chunk):  # the same BLAS call per client as before
             logits[r : r + s] = feats[r : r + s] @ w[j].T
             r += s
-        logits += np.repeat(b, size, axis=0)
+        brep = work.brep[: n * c].reshape(n, c)
+        np.take(b, owner, axis=0, out=brep)  # np.repeat(b, size, axis=0)
+        np.add(logits, brep, out=logits)
         if rows + n > len(y):  # grow in place (realloc; large blocks are remapped, not copied)
             grow = max(rows + n, int(len(y) * 1.25))
             x.resize((grow, d), refcheck=False)
             y.resize(grow, refcheck=False)
-        x[rows : rows + n] = feats / feature_scale(d, self.beta)
+        np.divide(feats, work.scale, out=feats)
+        x[rows : rows + n] = feats
         y[rows : rows + n] = np.argmax(logits, axis=1)
         return x, y, rows + n
+
+
+class _Scratch:
+    """The chunk-sized work arrays of one :meth:`SyntheticGenerator.clients` call, reused
+    by every chunk. Allocated per chunk, these blocks (above glibc's mmap/trim
+    thresholds) went back to the kernel and were faulted in again each time: ~200 page
+    faults a chunk, most of set-up's system time at 10^6 clients."""
+
+    def __init__(self, capacity: int, head: int, d: int, c: int, min_size: int, beta: float):
+        rows = capacity // d  # a chunk holds Σ (head + size·d) ≤ capacity normals
+        clients = capacity // (head + min_size * d)
+        self.arange = np.arange(max(rows * d, clients, head), dtype=np.int64)
+        self.h_idx = np.empty(clients * head, np.int64)
+        self.h = np.empty(clients * head)
+        self.w = np.empty(clients * c * d)
+        self.b = np.empty(clients * c)
+        self.idx = np.empty(rows * d, np.int64)
+        self.z = np.empty(rows * d)
+        self.feats = np.empty(rows * d)
+        self.logits = np.empty(rows * c)
+        self.brep = np.empty(rows * c)
+        self.cov_sd = np.sqrt(np.power(np.arange(1, d + 1, dtype=np.float64), -1.2))
+        self.scale = feature_scale(d, beta)
 
 
 def _state_dict(state: int, inc: int) -> Any:  # numpy's _PCG64State TypedDict
