@@ -32,6 +32,17 @@ from algorithms.pieces.steps import gradients, pgn_gradients, sam_gradients
 
 Grads = list[torch.Tensor]
 
+
+def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+    """A piece's field check: ValueError naming the config key and its value."""
+    if not ok:
+        raise ValueError(f"{key}={value!r} {rule}")
+
+
+def _fraction_kept(value: float) -> None:
+    _require(0.0 < value <= 1.0, "algo.keep_fraction", value, "must be in (0, 1]")
+
+
 # ----------------------------------------------------------------------- step rules
 
 
@@ -50,6 +61,9 @@ class SAMStep:
     rho: float
     asam: bool
 
+    def __post_init__(self) -> None:
+        _require(self.rho >= 0, "algo.rho", self.rho, "must be >= 0")
+
     def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
         return sam_gradients(params, closure, self.rho, self.asam)
 
@@ -60,6 +74,10 @@ class PGNStep:
 
     beta: float
     rho: float
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]")
+        _require(self.rho >= 0, "algo.rho", self.rho, "must be >= 0")
 
     def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
         return pgn_gradients(
@@ -77,6 +95,10 @@ class BLUR:
     lam: float
     clip_norm: float
 
+    def __post_init__(self) -> None:
+        _require(self.lam >= 0, "algo.blur_lambda", self.lam, "must be >= 0")
+        _require(self.clip_norm > 0, "privacy.clip_norm", self.clip_norm, "must be > 0")
+
     def loss(self, params: Grads, anchor: Grads) -> torch.Tensor:
         return blur_loss(params, anchor, self.lam, self.clip_norm)
 
@@ -86,6 +108,11 @@ class BallProjection:
     """DP-Fed-LS: after every local step project w onto the ball ‖w − x^t‖ ≤ radius."""
 
     radius: float
+
+    def __post_init__(self) -> None:
+        _require(
+            self.radius > 0, "privacy.clip_norm (the ball's radius)", self.radius, "must be > 0"
+        )
 
     @torch.no_grad()
     def project_(self, params: Grads, anchor: Grads) -> None:
@@ -128,6 +155,9 @@ class TopK:
     fraction: float
     public_mask = False
 
+    def __post_init__(self) -> None:
+        _fraction_kept(self.fraction)
+
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return keep_topk(delta, self.fraction)
 
@@ -139,6 +169,9 @@ class RandK:
     fraction: float
     rescale: bool = False
     public_mask = True
+
+    def __post_init__(self) -> None:
+        _fraction_kept(self.fraction)
 
     def mask(self, d: int, generator: torch.Generator) -> torch.Tensor:
         return randk_mask(d, self.fraction, generator)
@@ -155,6 +188,14 @@ class LUS:
     zero_fraction: float
     public_mask = False
 
+    def __post_init__(self) -> None:
+        _require(
+            0 <= self.zero_fraction < 1,
+            "algo.zero_fraction",
+            self.zero_fraction,
+            "must be in [0, 1)",
+        )
+
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return lus_sparsify(delta, ctx["local_gradient"](), self.zero_fraction)
 
@@ -165,6 +206,9 @@ class PGNDriftRemoval:
 
     beta: float
     public_mask = False
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]")
 
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         g = ctx.get("g_tilde")
@@ -229,6 +273,9 @@ class PGNDriftRestore:
 
     beta: float
 
+    def __post_init__(self) -> None:
+        _require(0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]")
+
     def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         g = ctx.get("g_tilde")
         if g is None:
@@ -243,6 +290,15 @@ class LaplacianSmoothing:
     sigma_ls: float
     scope: str = "tensor"
 
+    def __post_init__(self) -> None:
+        _require(self.sigma_ls >= 0, "algo.sigma_ls", self.sigma_ls, "must be >= 0")
+        _require(
+            self.scope in ("tensor", "model", "weights"),
+            "algo.ls_scope",
+            self.scope,
+            "must be tensor, model or weights",
+        )
+
     def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return smooth_flat(avg, ctx["shapes"], self.sigma_ls, self.scope)
 
@@ -252,6 +308,9 @@ class ServerTopK:
     """Keep the p·d largest coordinates of the noisy aggregate (post-processing)."""
 
     fraction: float
+
+    def __post_init__(self) -> None:
+        _fraction_kept(self.fraction)
 
     def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return keep_topk(avg, self.fraction)
@@ -276,6 +335,11 @@ class PersonalSplit:
     layers: int = 1
     head_steps: int | None = None
     body_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.layers >= 1, "algo.personal_layers", self.layers, "must be >= 1")
+        for key, v in (("algo.head_steps", self.head_steps), ("algo.body_steps", self.body_steps)):
+            _require(v is None or v >= 1, key, v, "must be >= 1 (or null: the default)")
 
 
 @dataclass(frozen=True)

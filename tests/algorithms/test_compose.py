@@ -5,10 +5,12 @@ privacy guard and config checks apply to composed recipes too."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
+import algorithms.pipeline as pl
 from algorithms import RECIPES, build_pipeline
 from engine.cli import main
 from engine.config import AlgoConfig, ConfigError, RecipeConfig, load_config
@@ -177,3 +179,28 @@ def test_structural_knobs_of_built_in_recipes_change_their_spelling() -> None:
         RecipeConfig(step="sam", client_transforms=("topk",)),
     )
     assert hand.client_transforms == (TopK(0.5),)
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda: pl.SAMStep(rho=-0.1, asam=False), "algo.rho"),
+        (lambda: pl.PGNStep(beta=1.5, rho=0.1), "algo.beta"),
+        (lambda: pl.BLUR(lam=-1.0, clip_norm=1.0), "algo.blur_lambda"),
+        (lambda: pl.BallProjection(radius=0.0), "privacy.clip_norm"),
+        (lambda: pl.TopK(0.0), "algo.keep_fraction"),
+        (lambda: pl.RandK(1.5), "algo.keep_fraction"),
+        (lambda: pl.ServerTopK(float("nan")), "algo.keep_fraction"),
+        (lambda: pl.LUS(1.0), "algo.zero_fraction"),
+        (lambda: pl.LaplacianSmoothing(sigma_ls=-1.0), "algo.sigma_ls"),
+        (lambda: pl.LaplacianSmoothing(sigma_ls=1.0, scope="rows"), "algo.ls_scope"),
+        (lambda: pl.PersonalSplit(layers=0), "algo.personal_layers"),
+        (lambda: pl.PersonalSplit(head_steps=0), "algo.head_steps"),
+        (lambda: pl.PGNDriftRemoval(beta=-0.5), "algo.beta"),
+    ],
+)
+def test_pieces_validate_their_fields(make, key) -> None:
+    """A piece built from Python (not only from a config) refuses a bad field, naming
+    the config key it comes from."""
+    with pytest.raises(ValueError, match=f"^{re.escape(key)}"):
+        make()
