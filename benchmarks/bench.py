@@ -4,6 +4,11 @@ Usage::
 
     python benchmarks/bench.py [--workload cnn|logreg|resnet18_gn] [--rounds N]
         [--workers 2] [--clients-per-batch K] [--repeats R] [--quick] [--json FILE]
+        [--num-clients N] [--mean-samples S] [--test-size T]
+
+Issue 16's CNN target (500 clients of ~35 examples, 10,000 test images, 2 workers)::
+
+    python benchmarks/bench.py --workload cnn --mean-samples 35 --test-size 10000
 
 One invocation runs the same workload twice — once through dpfl (``simulate`` with the
 Ray executor: ``--workers`` client-worker actors of one CPU each plus the server actor)
@@ -763,6 +768,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="cnn")
     p.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
     p.add_argument("--num-clients", type=int, default=None, help="override N")
+    p.add_argument(
+        "--mean-samples",
+        type=int,
+        default=None,
+        help="override the mean training examples per client (issue 16's cnn target: 35)",
+    )
+    p.add_argument(
+        "--test-size", type=int, default=None, help="override the global test set's size"
+    )
     p.add_argument("--workers", type=int, default=2, help="dpfl client-worker actors")
     p.add_argument(
         "--clients-per-batch", type=int, default=None, help="ray.clients_per_worker_batch"
@@ -800,13 +814,17 @@ def main(argv: list[str] | None = None) -> int:
         changes["rounds"] = args.rounds
     if args.num_clients is not None:
         changes["num_clients"] = args.num_clients
+    if args.mean_samples is not None:
+        changes["mean_samples"] = args.mean_samples
+    if args.test_size is not None:
+        changes["test_size"] = args.test_size
     w = dataclasses.replace(w, **changes)
     device = torch.device("cuda" if use_cuda else "cpu")
     hw = hardware()
     probe = build_model(w.model, w.input_shape, w.num_classes, torch.Generator().manual_seed(0))
     has_conv = any(isinstance(m, nn.Conv2d) for m in probe.modules())
     fmt_used = args.memory_format
-    if fmt_used == "auto":  # the engine's rule (engine.client.resolve_memory_format)
+    if fmt_used == "auto":  # the engine's rule (engine.worker_model.resolve_memory_format)
         fmt_used = "channels_last" if has_conv and device.type == "cpu" else "contiguous"
     print(f"== dpfl benchmark: workload {w.name}{' (quick)' if args.quick else ''} ==")
     gpu = hw["gpu"] or "none"
