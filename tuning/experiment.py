@@ -33,7 +33,6 @@ from engine.config import (
     RunConfig,
     load_config,
     read_yaml_mapping,
-    replace,
     with_algorithm,
 )
 from engine.executors import ensure_ray
@@ -219,19 +218,44 @@ def mark_released(
     return trials
 
 
+def trial_bundles(ray_cfg, head: float) -> list[dict[str, float]]:
+    """One trial's placement group.
+
+    ``ray.executor=ray`` (default): the trial's own process (``tune.head_cpus``) plus
+    one bundle per client-worker actor, which the trial starts. ``ray.executor=local``:
+    the trial runs the whole simulation in its own process (the in-process executor,
+    identical results), so it reserves one bundle of ``max(head, num_cpus_per_worker)``
+    CPUs (and the workers' GPU share, if any) and starts no actors — no per-trial actor
+    start-up or dataset copy, at the price of training the shards one after another.
+    """
+    if ray_cfg.executor == "local":
+        bundle = {"CPU": max(head, ray_cfg.num_cpus_per_worker)}
+        if ray_cfg.num_gpus_per_worker:
+            bundle["GPU"] = ray_cfg.num_gpus_per_worker
+        return [bundle]
+    return [{"CPU": head}] + [
+        {"CPU": ray_cfg.num_cpus_per_worker, "GPU": ray_cfg.num_gpus_per_worker}
+    ] * ray_cfg.num_workers
+
+
 def _check_trial_fits(ray_cfg, head: float) -> None:
     """One trial's placement group must fit the cluster's CPUs, or Tune waits forever
     with every trial PENDING: a one-line error naming the keys instead."""
     import ray
 
-    need = head + ray_cfg.num_workers * ray_cfg.num_cpus_per_worker
+    need = sum(b["CPU"] for b in trial_bundles(ray_cfg, head))
     have = float(ray.cluster_resources().get("CPU", 0.0))
     if need > have + 1e-9:
+        what = (
+            f"max(tune.head_cpus={head:g}, ray.num_cpus_per_worker="
+            f"{ray_cfg.num_cpus_per_worker:g}) with ray.executor=local"
+            if ray_cfg.executor == "local"
+            else f"tune.head_cpus={head:g} + ray.num_workers={ray_cfg.num_workers} x "
+            f"ray.num_cpus_per_worker={ray_cfg.num_cpus_per_worker:g}"
+        )
         raise ConfigError(
-            f"one trial needs {need:g} CPUs (tune.head_cpus={head:g} + ray.num_workers="
-            f"{ray_cfg.num_workers} x ray.num_cpus_per_worker={ray_cfg.num_cpus_per_worker:g})"
-            f" but the Ray cluster has {have:g}: lower ray.num_cpus_per_worker or "
-            "ray.num_workers"
+            f"one trial needs {need:g} CPUs ({what}) but the Ray cluster has {have:g}: "
+            "lower ray.num_cpus_per_worker or ray.num_workers"
         )
 
 
@@ -267,8 +291,6 @@ def run_tune(
         for key, value in SMOKE.items():
             _set_path(tree, key, value)
     config: RunConfig = load_config(base=tree, overrides=overrides)
-    if config.ray.executor != "ray":
-        config = replace(config, **{"ray.executor": "ray"})
     if num_samples < 1:
         raise ConfigError(f"--num-samples={num_samples}: must be >= 1")
     if not epsilons or any(e <= 0 for e in epsilons):
@@ -303,9 +325,7 @@ def run_tune(
     counts = trial_counts(
         out, algorithms, epsilons, config, num_samples, tuning_privacy, tnb_shape, resume
     )
-    bundles = [{"CPU": head}] + [
-        {"CPU": config.ray.num_cpus_per_worker, "GPU": config.ray.num_gpus_per_worker}
-    ] * config.ray.num_workers
+    bundles = trial_bundles(config.ray, head)
     every = int(tune_section.get("checkpoint_every", 1))
     statuses: dict[str, str] = {}
     columns: dict[str, str] = {}

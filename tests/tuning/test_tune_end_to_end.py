@@ -161,3 +161,34 @@ def test_papernot_steinke_tune_runs_the_drawn_number_and_releases_one(ray_sessio
     assert "Papernot-Steinke truncated negative binomial(eta 1, mean 2)" in text
     others = set(trials["trial_id"]) - {best}
     assert best in text and not any(t in text for t in others)
+
+
+def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
+    """``ray.executor=local`` runs each trial's simulation inside its Tune process (no
+    client-worker actors, one bundle per trial); the trials are the same trials (same
+    sampled hyperparameters and seeds) and give bit-identical rows."""
+    from tuning.experiment import run_tune, trial_bundles
+
+    frames = {}
+    for executor in ("ray", "local"):
+        out = tmp_path / executor
+        run_tune(
+            None,
+            ["dp_fedavg"],
+            [4.0],
+            num_samples=2,
+            out=out,
+            smoke_test=True,
+            overrides=[f"ray.executor={executor}"],
+        )
+        df = load_rounds(out).sort_values(["trial_index", "round"]).reset_index(drop=True)
+        frames[executor] = df
+    cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon", "test_accuracy"]
+    pd.testing.assert_frame_equal(frames["ray"][cols], frames["local"][cols])
+    assert len(frames["local"]) == 2 * 2  # 2 trials x 2 smoke rounds
+
+    from engine.config import RayConfig
+
+    local = trial_bundles(RayConfig(executor="local", num_workers=3, num_cpus_per_worker=1), 0.5)
+    actors = trial_bundles(RayConfig(executor="ray", num_workers=3, num_cpus_per_worker=1), 0.5)
+    assert local == [{"CPU": 1.0}] and sum(b["CPU"] for b in actors) == 3.5
