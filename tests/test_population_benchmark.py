@@ -20,7 +20,7 @@ def test_population_benchmark_quick(tmp_path):
     )
     r = json.loads(out.read_text())
     (mat,) = r["materialised"]
-    assert mat["clients"] == 20000 and mat["data_bytes"] > 0
+    assert mat["clients"] == 20000 and mat["data_bytes"] > 0 and mat["setup_cpu_s"] > 0
     assert mat["peak_rss_bytes"] >= mat["data_bytes"]  # RSS holds the data it reports
     assert [row["clients"] for row in r["on_demand"]] == [1000, 20000]
     assert all(row["mean_cohort"] > 0 for row in r["on_demand"])
