@@ -104,6 +104,8 @@ class SecureRandom:
     def sample(self, population: np.ndarray | int, k: int) -> np.ndarray:
         """``k`` distinct items of ``population`` (or of ``range(population)``) chosen
         uniformly without replacement (``secrets.SystemRandom``), sorted."""
-        items = np.arange(population) if isinstance(population, (int, np.integer)) else population
-        picked = secrets.SystemRandom().sample(range(len(items)), k)
-        return np.sort(np.asarray(items)[np.asarray(picked, dtype=np.int64)]).astype(np.int64)
+        if isinstance(population, (int, np.integer)):  # O(k): range, never arange(n)
+            picked = secrets.SystemRandom().sample(range(int(population)), k)
+            return np.sort(np.asarray(picked, dtype=np.int64))
+        picked = secrets.SystemRandom().sample(range(len(population)), k)
+        return np.sort(np.asarray(population)[np.asarray(picked, dtype=np.int64)]).astype(np.int64)

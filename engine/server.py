@@ -23,7 +23,6 @@ FedAvg (non-private) skips clipping and noise and divides by the realised cohort
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,9 +80,7 @@ def sample_cohort(
         src = rngs.SecureRandom()
         if spec.mode == "fixed":
             assert spec.cohort_size is not None
-            if on_demand:  # SecureRandom.sample(n, k) would build arange(n)
-                return secure_subset(n, spec.cohort_size)
-            return src.sample(n, spec.cohort_size)
+            return src.sample(n, spec.cohort_size)  # O(k): never builds arange(n)
         assert spec.rate is not None
         if on_demand:
             cohort = poisson_by_gaps(n, spec.rate, src.uniform)
@@ -148,13 +145,6 @@ def poisson_by_gaps(n: int, rate: float, uniform: Callable[[int], np.ndarray]) -
         if len(inside) < chunk:
             return np.concatenate(parts)
         last = int(pos[-1])
-
-
-def secure_subset(n: int, k: int) -> np.ndarray:
-    """``k`` distinct ids of ``range(n)`` from the OS CSPRNG, sorted, in O(k) memory
-    (``random.sample`` of a ``range`` keeps only the picked set when k ≪ n)."""
-    picked = secrets.SystemRandom().sample(range(n), k)
-    return np.sort(np.asarray(picked, dtype=np.int64))
 
 
 class Server:
