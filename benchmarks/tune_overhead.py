@@ -77,15 +77,13 @@ def sweep_overrides(rounds: int | None) -> list[str]:
 
 def experiment_config(overrides: list[str]):
     """The experiment's config exactly as ``run_tune`` builds it with ``smoke_test``."""
-    from engine.config import _set_path, load_config, replace
+    from engine.config import _set_path, load_config
     from tuning.experiment import SMOKE
 
     tree: dict[str, Any] = {}
     for key, value in SMOKE.items():
         _set_path(tree, key, value)
     config = load_config(base=tree, overrides=overrides)
-    if config.ray.executor != "ray":
-        config = replace(config, **{"ray.executor": "ray"})
     return config
 
 
@@ -218,11 +216,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="sweep folder (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None, help="write every number here")
     p.add_argument(
-        "--what-if-local-trials",
-        action="store_true",
-        help="measurement for a proposal, not dpfl's behaviour: each Tune trial trains "
-        "in its own process (ray.executor=local inside the trial) instead of starting "
-        "worker and server actors",
+        "--trial-executor",
+        choices=("auto", "ray", "local"),
+        default="auto",
+        help="tune.trial_executor: auto (dpfl's default: local for one worker), ray "
+        "(client-worker and server actors per trial) or local (the simulation inside "
+        "each trial's own process)",
     )
     a = p.parse_args(argv)
     a.trials = a.trials or (4 if a.quick else 32)
@@ -269,18 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rep["ray_startup_s"] = time.perf_counter() - t
     print(f"ray startup (ray.init, excluded): {rep['ray_startup_s']:.2f} s")
-    if args.what_if_local_trials:
-        import tuning.experiment as texp
-
-        original = texp.make_trainable
-
-        def local_trials(base: dict, *a: Any, **k: Any):
-            base = {**base, "ray": {**base["ray"], "executor": "local"}}
-            return original(base, *a, **k)
-
-        texp.make_trainable = local_trials
-        print("WHAT-IF: every trial runs ray.executor=local inside its Tune trial process")
-    rep["what_if_local_trials"] = args.what_if_local_trials
+    print(f"tune.trial_executor={args.trial_executor}")
+    rep["trial_executor"] = args.trial_executor
     try:
         t = time.perf_counter()
         trials = run_tune(
@@ -291,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             out=out,
             smoke_test=True,
             overrides=overrides,
+            trial_executor_choice=args.trial_executor,
         )
         tune_s = time.perf_counter() - t
     finally:

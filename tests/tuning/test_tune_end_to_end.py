@@ -164,14 +164,16 @@ def test_papernot_steinke_tune_runs_the_drawn_number_and_releases_one(ray_sessio
 
 
 def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
-    """``ray.executor=local`` runs each trial's simulation inside its Tune process (no
-    client-worker actors, one bundle per trial); the trials are the same trials (same
-    sampled hyperparameters and seeds) and give bit-identical rows."""
-    from tuning.experiment import run_tune, trial_bundles
+    """``tune.trial_executor=local`` runs each trial's simulation inside its Tune
+    process (no client-worker actors, one bundle per trial); the trials are the same
+    trials (same sampled hyperparameters and seeds) and give bit-identical rows to
+    actor trials. ``auto`` picks local for one worker."""
+    from engine.config import RayConfig
+    from tuning.experiment import run_tune, trial_bundles, trial_executor
 
     frames = {}
-    for executor in ("ray", "local"):
-        out = tmp_path / executor
+    for where in ("ray", "local"):
+        out = tmp_path / where
         run_tune(
             None,
             ["dp_fedavg"],
@@ -179,16 +181,17 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
             num_samples=2,
             out=out,
             smoke_test=True,
-            overrides=[f"ray.executor={executor}"],
+            trial_executor_choice=where,
         )
         df = load_rounds(out).sort_values(["trial_index", "round"]).reset_index(drop=True)
-        frames[executor] = df
+        frames[where] = df
     cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon", "test_accuracy"]
     pd.testing.assert_frame_equal(frames["ray"][cols], frames["local"][cols])
     assert len(frames["local"]) == 2 * 2  # 2 trials x 2 smoke rounds
 
-    from engine.config import RayConfig
-
+    one, three = RayConfig(num_workers=1), RayConfig(num_workers=3, num_cpus_per_worker=1)
+    assert trial_executor("auto", one) == "local" and trial_executor("auto", three) == "ray"
+    assert trial_executor("ray", one) == "ray"
     local = trial_bundles(RayConfig(executor="local", num_workers=3, num_cpus_per_worker=1), 0.5)
-    actors = trial_bundles(RayConfig(executor="ray", num_workers=3, num_cpus_per_worker=1), 0.5)
+    actors = trial_bundles(three, 0.5)
     assert local == [{"CPU": 1.0}] and sum(b["CPU"] for b in actors) == 3.5
