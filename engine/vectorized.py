@@ -100,6 +100,7 @@ from algorithms.pipeline import BLUR, BallProjection, PGNStep, SAMStep, SGDStep
 from engine.local_training import LocalResult, OneByOneTrainer, sgd_update_
 
 __all__ = [
+    "DeferredTrainer",
     "GPU_MAX_GROUP",
     "GroupedTrainer",
     "choose_trainer",
@@ -525,11 +526,66 @@ class GroupedTrainer:
                 yield LocalResult(c, local[i], loss_sums[i], steps[i])
 
 
-def choose_trainer(base: OneByOneTrainer) -> OneByOneTrainer | GroupedTrainer:
-    """The worker's local trainer, decided once at worker start (never per round):
-    groups of ``ray.clients_per_worker_batch`` clients if set, else the automatic
-    size; ``base`` (one by one) when the pipeline or model cannot be vectorised
-    (probed here once) or the size is 1. The returned trainer's ``note`` says why."""
+class DeferredTrainer:
+    """The automatic choice on the CPU, made when it first matters.
+
+    On the CPU a group under ``CPU_MIN_GROUP`` clients trains one by one whatever the
+    probe says, so a worker whose shards stay smaller never needs the probe — whose
+    first ``torch.func`` use imports ``torch._dynamo`` (1–2.7 s of a worker's start,
+    ``benchmarks/startup_eval.py``). This trainer trains such shards one by one and
+    runs the probe and :func:`auto_group_size` once, at the first shard of at least
+    ``least`` clients; from then on it is that choice. Results are those of deciding
+    at start: the decision does not depend on when it is made.
+    """
+
+    def __init__(self, base: OneByOneTrainer, least: int) -> None:
+        self.base, self.least = base, least
+        self.chosen: OneByOneTrainer | GroupedTrainer | None = None
+
+    def decide(self) -> OneByOneTrainer | GroupedTrainer:
+        if self.chosen is None:
+            self.chosen = _probe_and_choose(self.base, None)
+        return self.chosen
+
+    @property
+    def vectorized(self) -> Any:
+        return None if self.chosen is None else self.chosen.vectorized
+
+    @property
+    def group_size(self) -> int:
+        return 1 if self.chosen is None else self.chosen.group_size
+
+    @property
+    def min_group(self) -> int:
+        return self.least if self.chosen is None else self.chosen.min_group
+
+    @property
+    def note(self) -> str:
+        if self.chosen is None:
+            return (
+                f"automatic: one by one until a shard of >= {self.least} clients, "
+                "then probed and decided once"
+            )
+        return self.chosen.note
+
+    def local_gradient(self, client: int, local: torch.Tensor) -> torch.Tensor:
+        return self.base.local_gradient(client, local)
+
+    def train(
+        self, global_flat: torch.Tensor, rnd: int, clients: Sequence[int] | np.ndarray, public: dict
+    ) -> Iterator[LocalResult]:
+        if self.chosen is None and len(clients) < self.least:
+            return self.base.train(global_flat, rnd, clients, public)
+        return self.decide().train(global_flat, rnd, clients, public)
+
+
+def choose_trainer(base: OneByOneTrainer) -> OneByOneTrainer | GroupedTrainer | DeferredTrainer:
+    """The worker's local trainer, decided once per worker (never per round): groups
+    of ``ray.clients_per_worker_batch`` clients if set, else the automatic size;
+    ``base`` (one by one) when the pipeline or model cannot be vectorised (probed
+    once) or the size is 1. The automatic choice on the CPU is deferred to the first
+    shard that could use a group (:class:`DeferredTrainer`). The trainer's ``note``
+    says why."""
     requested = base.spec.clients_per_batch
     if requested == 1:
         return _one_by_one(base, "ray.clients_per_worker_batch=1")
@@ -540,6 +596,14 @@ def choose_trainer(base: OneByOneTrainer) -> OneByOneTrainer | GroupedTrainer:
         reason = cpu_prefers_one_by_one(base)
         if reason is not None:
             return _one_by_one(base, reason)
+        if base.device.type == "cpu":
+            return DeferredTrainer(base, CPU_MIN_GROUP)
+    return _probe_and_choose(base, requested)
+
+
+def _probe_and_choose(
+    base: OneByOneTrainer, requested: int | None
+) -> OneByOneTrainer | GroupedTrainer:
     trainer = VectorizedTrainer(base)
     reason = trainer.probe()
     if reason is not None:

@@ -247,15 +247,22 @@ def test_automatic_group_size(monkeypatch) -> None:
     # so this 12-client shard gives exactly the sequential result.
     spec = make_spec("logreg", "dp_fedavg", None)
     auto = ClientWorker(dataset("mlp"), spec)
-    assert auto.vectorized is not None
-    assert auto.clients_per_batch >= len(SIZES) and auto.min_group == vz.CPU_MIN_GROUP
     ref = ClientWorker(dataset("mlp"), dataclasses.replace(spec, clients_per_batch=1))
     w0 = torch.cat([p.detach().reshape(-1) for p in ref.params]).numpy()
     a, b = auto.train_shard(w0, 0, CLIENTS), ref.train_shard(w0, 0, CLIENTS)
     assert np.array_equal(a.update_sum, b.update_sum)
+    # The decision is deferred to the first shard that could use a group: none yet
+    # (no probe, no torch.func import at worker start); made on demand it is the same.
+    assert auto.vectorized is None and "until a shard" in auto.vectorized_note
+    auto.trainer.decide()
+    assert auto.vectorized is not None
+    assert auto.clients_per_batch >= len(SIZES) and auto.min_group == vz.CPU_MIN_GROUP
+    c = auto.train_shard(w0, 0, CLIENTS)
+    assert np.array_equal(c.update_sum, b.update_sum)
     # With a lower threshold the same shard is one vectorised group.
     monkeypatch.setattr(vz, "CPU_MIN_GROUP", 4)
     grouped = ClientWorker(dataset("mlp"), spec)
+    grouped.trainer.decide()
     groups = []
     train_group = grouped.vectorized.train_group
     monkeypatch.setattr(
