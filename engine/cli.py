@@ -51,9 +51,11 @@ PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delt
 def _given(path: str | None, overrides: list[str]) -> dict[str, Any]:
     """The keys the user set (YAML file and ``--set``), dotted, with their values: the
     tree ``load_config`` builds before filling in defaults."""
-    from engine.config import dotted_leaves, user_tree
+    from engine.config import dotted_leaves, read_yaml_mapping, user_tree
 
-    return dotted_leaves(user_tree(path, overrides))
+    # The file is read as a mapping (a paper preset too: compare checks its keys).
+    written = read_yaml_mapping(path) if path is not None else None
+    return dotted_leaves(user_tree(None, overrides, base=written))
 
 
 def _load(args: argparse.Namespace) -> RunConfig:

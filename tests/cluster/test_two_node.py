@@ -244,6 +244,10 @@ def two_node_cluster() -> Iterator[TwoNodeCluster]:
 def test_submitted_tune_runs_on_both_nodes(two_node_cluster: TwoNodeCluster, tmp_path) -> None:
     cluster = two_node_cluster
     out = tmp_path / "exp"  # absolute, on this machine's disk: both "nodes" see it
+    # Actor trials (a one-worker smoke trial would run in process under auto): this
+    # test is about client-worker and server actors spreading over the nodes.
+    config = tmp_path / "tune.yaml"
+    config.write_text("tune:\n  trial_executor: ray\n")
     t0 = time.perf_counter()
     done = subprocess.run(
         [
@@ -258,6 +262,8 @@ def test_submitted_tune_runs_on_both_nodes(two_node_cluster: TwoNodeCluster, tmp
             "--",
             "dpfl",
             "tune",
+            "--config",
+            str(config),
             "--smoke-test",
             "--algorithms",
             "dp_fedavg",
