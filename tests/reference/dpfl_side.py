@@ -49,10 +49,7 @@ def config_for(
     rate: float = RATE,
 ):
     """The dpfl RunConfig matching reference setting ``s``."""
-    algo = {
-        k: getattr(s, k)
-        for k in ("rho", "asam", "beta", "sigma_ls", "ls_scope", "topk_site")
-    }
+    algo = {k: getattr(s, k) for k in ("rho", "asam", "beta", "sigma_ls", "ls_scope", "topk_site")}
     # The reference's one `sparsity` is LUS's zeroed fraction or the others' kept one.
     algo["zero_fraction" if "lus" in s.method else "keep_fraction"] = s.sparsity
     algo.update(
