@@ -666,6 +666,22 @@ def hardware() -> dict[str, Any]:
     }
 
 
+def start_local_ray(num_cpus: int = 2) -> float:
+    """A fresh local Ray for a benchmark (no dashboard, workers' output off the
+    console); returns its start-up seconds, which no benchmark figure includes."""
+    import ray
+
+    t = time.perf_counter()
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    return time.perf_counter() - t
+
+
 def load_average() -> str:
     """``/proc/loadavg``'s 1/5/15-minute load (other work on the machine skews timings)."""
     try:
@@ -854,15 +870,7 @@ def main(argv: list[str] | None = None) -> int:
         w, args.workers, args.clients_per_batch, use_cuda, args.memory_format
     )
     errors: list[str] = []
-    t = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=max(2, args.workers),
-        include_dashboard=False,
-        configure_logging=False,
-        log_to_driver=False,
-    )
-    startup = time.perf_counter() - t
+    startup = start_local_ray(max(2, args.workers))
     print(f"ray startup: {startup:.2f} s")
     plain_runs: list[dict[str, Any]] = []
     dpfl_runs: list[dict[str, Any]] = []

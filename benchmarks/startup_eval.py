@@ -69,7 +69,7 @@ for p in (REPO_ROOT, BENCH_DIR):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from bench import WORKLOADS, load_average, make_template_data  # noqa: E402
+from bench import WORKLOADS, load_average, make_template_data, start_local_ray  # noqa: E402
 
 from engine import rng as rngs  # noqa: E402
 from engine.config import load_config  # noqa: E402
@@ -377,15 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         f"load average (1/5/15 min) at start: {rep['load_average_at_start']}; "
         f"{os.cpu_count()} cores; torch {torch.__version__}, ray {ray.__version__}"
     )
-    t = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        configure_logging=False,
-        log_to_driver=False,
-    )
-    rep["ray_startup_s"] = time.perf_counter() - t
+    rep["ray_startup_s"] = start_local_ray(2)
     print(f"ray startup (ray.init, excluded from every figure): {rep['ray_startup_s']:.2f} s")
     try:
         overrides = startup_overrides(args.quick)

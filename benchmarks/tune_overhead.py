@@ -54,20 +54,16 @@ from typing import Any
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+BENCH_DIR = Path(__file__).resolve().parent
+for _p in (REPO_ROOT, BENCH_DIR):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from bench import load_average, start_local_ray  # noqa: E402
 
 TARGET_RATIO = 1.2
 ALGORITHM = "dp_fedavg"
 EPSILON = 8.0
-
-
-def load_average() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def sweep_overrides(rounds: int | None) -> list[str]:
@@ -258,15 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         tmp = tempfile.TemporaryDirectory(prefix="dpfl-tune-overhead-")
         out = Path(tmp.name) / "exp"
-    t = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        configure_logging=False,
-        log_to_driver=False,
-    )
-    rep["ray_startup_s"] = time.perf_counter() - t
+    rep["ray_startup_s"] = start_local_ray(2)
     print(f"ray startup (ray.init, excluded): {rep['ray_startup_s']:.2f} s")
     print(f"tune.trial_executor={args.trial_executor}")
     rep["trial_executor"] = args.trial_executor
