@@ -168,7 +168,7 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     process (no client-worker actors, one bundle per trial); the trials are the same
     trials (same sampled hyperparameters and seeds) and give bit-identical rows to
     actor trials. ``auto`` picks local for one worker."""
-    from engine.config import RayConfig
+    from engine.config import ConfigError, RayConfig
     from tuning.experiment import run_tune, trial_bundles, trial_executor
 
     frames = {}
@@ -192,6 +192,8 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     one, three = RayConfig(num_workers=1), RayConfig(num_workers=3, num_cpus_per_worker=1)
     assert trial_executor("auto", one) == "local" and trial_executor("auto", three) == "ray"
     assert trial_executor("ray", one) == "ray"
+    with pytest.raises(ConfigError, match=r"^tune\.trial_executor='actors'"):
+        trial_executor("actors", one)
     local = trial_bundles(RayConfig(executor="local", num_workers=3, num_cpus_per_worker=1), 0.5)
     actors = trial_bundles(three, 0.5)
     assert local == [{"CPU": 1.0}] and sum(b["CPU"] for b in actors) == 3.5
