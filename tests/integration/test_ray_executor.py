@@ -59,8 +59,16 @@ def test_unschedulable_workers_fail_with_clear_error(
     from engine import executors
 
     monkeypatch.setattr(executors, "ACTOR_START_TIMEOUT_S", 3.0)
+    # 1.8 GPUs on a 1-GPU cluster. The GPU is fake (no CUDA), so the worker that is
+    # scheduled is told to train on the CPU: under ray.worker_device=auto its constructor
+    # would raise, free its 0.9 GPU, and let the second worker start (and raise) too,
+    # racing the timeout this test is about.
     cfg = _cfg(
-        small_overrides, "ray.executor=ray", "ray.num_workers=2", "ray.num_gpus_per_worker=0.9"
-    )  # 1.8 GPUs on a 1-GPU cluster
+        small_overrides,
+        "ray.executor=ray",
+        "ray.num_workers=2",
+        "ray.num_gpus_per_worker=0.9",
+        "ray.worker_device=cpu",
+    )
     with pytest.raises(RuntimeError, match=r"ray\.num_workers=2 .* could not all start"):
         simulate(cfg, write=False)
