@@ -35,6 +35,19 @@ TINY = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def calibration_store_in_tmp(tmp_path_factory):
+    """Noise calibrations remembered by the suite go to a temporary folder, not the
+    user's ~/.cache (subprocesses and Ray workers inherit the variable)."""
+    before = os.environ.get("DPFL_CACHE_DIR")
+    os.environ["DPFL_CACHE_DIR"] = str(tmp_path_factory.mktemp("dpfl-cache"))
+    yield
+    if before is None:
+        os.environ.pop("DPFL_CACHE_DIR", None)
+    else:
+        os.environ["DPFL_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def small_overrides() -> list[str]:
     return list(SMALL)

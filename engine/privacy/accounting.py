@@ -32,6 +32,8 @@ import numpy as np
 from dp_accounting import pld, rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from engine.privacy import calibration_store
+
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 PLD_REPORT_DISCRETIZATION = 1e-4
@@ -182,12 +184,47 @@ def calibrate_noise_multiplier(
 ) -> float:
     """Smallest z (to ``tol``) whose ε after ``rounds`` rounds is ≤ ``target_epsilon``.
 
+    The answer of an earlier search with the same inputs is remembered
+    (:mod:`engine.privacy.calibration_store`) and reused only after the accountant
+    confirms, at reporting precision, that it meets the target.
+
     Raises:
         CalibrationError: if even z = 500 exceeds the target (unreachable budget).
     """
     spec.check_accountant(accountant)
     if target_epsilon <= 0:
         raise CalibrationError(f"privacy.epsilon={target_epsilon} must be > 0")
+    key = calibration_store.calibration_key(
+        target_epsilon=float(target_epsilon),
+        delta=float(delta),
+        spec=spec,
+        rounds=int(rounds),
+        accountant=accountant,
+        tol=float(tol),
+        bracket=list(Z_BRACKET),
+        discretization=[PLD_CALIBRATION_DISCRETIZATION, PLD_REPORT_DISCRETIZATION],
+        pld_min_z=PLD_MIN_Z,
+    )
+    hint = calibration_store.recall(key)
+    if hint is not None and (
+        compute_epsilon(hint, spec, rounds, delta, accountant, PLD_REPORT_DISCRETIZATION)
+        <= target_epsilon
+    ):
+        return hint
+    z = _search_noise_multiplier(target_epsilon, delta, spec, rounds, accountant, tol)
+    calibration_store.remember(key, z)
+    return z
+
+
+def _search_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    spec: SamplingSpec,
+    rounds: int,
+    accountant: str,
+    tol: float,
+) -> float:
+    """The root search behind :func:`calibrate_noise_multiplier` (nothing remembered)."""
     lo, hi = Z_BRACKET
     disc = PLD_CALIBRATION_DISCRETIZATION
     if accountant == "pld":
