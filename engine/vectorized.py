@@ -4,8 +4,12 @@ The vectorised implementation of the local-training interface
 (:mod:`engine.local_training`) is :class:`GroupedTrainer`, chosen once per worker by
 :func:`choose_trainer`. Its :class:`VectorizedTrainer` trains G clients of a worker's
 shard at once. Their parameters are stacked along a leading client axis and every
-local step is one call of ``torch.func.vmap`` over ``torch.func.grad_and_value`` of a
-``torch.func.functional_call`` of the worker's model. The result for each client is
+local step is one forward pass, ``torch.func.vmap`` over a ``torch.func.functional_call``
+of the worker's model, and one backward pass of plain autograd through the sum of the
+clients' losses (client i's loss depends only on its own row of the stacked
+parameters, so the gradient of the sum with respect to that row is its own gradient;
+``torch.func.grad`` would compute the same but imports ``torch._dynamo`` on first use,
+1 s of each worker's first round on 2 cores). The result for each client is
 the same local model that
 :meth:`engine.local_training.OneByOneTrainer.train_client` would produce for it
 alone, up to float32 rounding (batched kernels sum in a different order):
@@ -49,7 +53,9 @@ minibatch's activations measured by the probe), at most 128 (64 on the CPU). On 
 H100 (cnn, 1.66M parameters, 128 clients of ~60 examples, batch 10, one epoch, one
 worker, ``benchmarks/gpu_vectorized.py``) one by one trained 65 clients/s and groups
 of 16, 64 and 128 trained 233, 672 and 833 (3.6x, 10.4x, 12.8x); resnet18_gn (32
-clients) 22 one by one, 28, 37 and 44 in groups of 8, 16 and 32. On the CPU, measured on
+clients) 22 one by one, 28, 37 and 44 in groups of 8, 16 and 32 (measured when the
+backward pass was ``torch.func.grad`` inside vmap; not re-measured on a GPU since it is
+plain autograd). On the CPU, measured on
 2 cores (1 torch thread, 25 clients of 40–80 examples (~60), batch 10, one epoch,
 seconds per ``train_shard`` of the 25 clients, best of 3–7)::
 
@@ -63,7 +69,7 @@ seconds per ``train_shard`` of the 25 clients, best of 3–7)::
     cnn 28x28 (1.66M)      dp_fedavg   1.74    1.96    2.08    2.38
     cnn 28x28 (1.66M)      dp_fedsam   3.89    5.73    6.67    6.96
 
-Each vectorised step costs a fixed torch.func overhead (a few sequential
+Each vectorised step costs a fixed vmap overhead (a few sequential
 client-steps), and on a CPU the stacked tensors of a group leave the cache that one
 client's tensors fit in; so only small models in large groups gain. The automatic
 rule on the CPU therefore trains models above ``CPU_MAX_PARAMS`` = 100k parameters
@@ -93,7 +99,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 
 from algorithms.pieces.steps import pgn_public, round_lr, sam_perturbation
 from algorithms.pipeline import BLUR, BallProjection, PGNStep, SAMStep, SGDStep
@@ -130,7 +136,7 @@ MEMORY_FRACTION = 0.25
 CPU_MAX_PARAMS = 100_000
 #: On the CPU the automatic choice vectorises only groups of at least this many
 #: clients (smaller groups, e.g. the rest of a shard, train one by one): each
-#: vectorised step has a fixed torch.func overhead of a few sequential client-steps,
+#: vectorised step has a fixed vmap overhead of a few sequential client-steps,
 #: and groups of 2 to 10 measured slower than one by one even for small models.
 CPU_MIN_GROUP = 16
 
@@ -209,8 +215,7 @@ class VectorizedTrainer:
         self.weight_decay = 0.0 if pipe.plain_sgd else float(spec.weight_decay)
         self.activation_bytes_per_example = 0
         self.slow_ops: list[str] = []  # vmap fallbacks seen by the probe
-        self._grad_and_loss = grad_and_value(self._loss)
-        self._vmapped_step: Any = None  # built by probe()
+        self._vmapped_loss: Any = None  # built by probe()
 
     # ----------------------------------------------------------- per-client math
     def _loss(self, params: dict, x, y, w, anchor: list[torch.Tensor]) -> torch.Tensor:
@@ -223,21 +228,39 @@ class VectorizedTrainer:
             loss = loss + self.regularizer.loss([params[n] for n in self.names], anchor)
         return loss
 
-    def _client_step(self, params: dict, x, y, w, anchor, pgn_offset, g_tilde):
-        """(loss, direction) of one client's step; vmapped over the group axis."""
-        gv = self._grad_and_loss
+    def _grads_and_losses(self, params: dict, x, y, w, anchor) -> tuple[dict, torch.Tensor]:
+        """Every client's gradient and loss: one vmapped forward, one backward.
+
+        The group's losses are computed by ``vmap`` over :meth:`_loss` and differentiated
+        as their sum with plain autograd: client i's loss depends only on its own row of
+        the stacked parameters, so the gradient of the sum with respect to row i is
+        client i's own gradient. (``torch.func.grad`` would give the same, but its first
+        use imports ``torch._dynamo``, 1 s of every worker's first round on 2 cores.)
+        """
+        leaves = {n: params[n].detach().requires_grad_(True) for n in self.names}
+        with torch.enable_grad():
+            losses = self._vmapped_loss(leaves, x, y, w, anchor)
+            grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in self.names])
+        return dict(zip(self.names, grads)), losses.detach()
+
+    def _batched_step(self, params: dict, x, y, w, anchor, pgn_offset, g_tilde):
+        """(losses, directions) of one local step of every client of the group: stacked
+        params, x, y, w; the anchor and PGN's public tensors are shared by all."""
         step = self.step
         if isinstance(step, SAMStep) and float(step.rho) != 0.0:
-            grads, loss = gv(params, x, y, w, anchor)
-            plist = [params[n] for n in self.names]
-            e = sam_perturbation(plist, [grads[n] for n in self.names], step.rho, step.asam)
+            grads, loss = self._grads_and_losses(params, x, y, w, anchor)
+            plist = [params[n].detach() for n in self.names]
+            rho, asam = step.rho, step.asam
+            e = vmap(lambda p, g: sam_perturbation(p, g, rho, asam))(
+                plist, [grads[n] for n in self.names]
+            )
             shifted = {n: p + en for n, p, en in zip(self.names, plist, e)}
-            grads_at_e, _ = gv(shifted, x, y, w, anchor)
+            grads_at_e, _ = self._grads_and_losses(shifted, x, y, w, anchor)
             return loss, grads_at_e
         if isinstance(step, PGNStep):
-            if pgn_offset is not None:
+            if pgn_offset is not None:  # the same offset for every row (broadcast)
                 params = {n: params[n] + o for n, o in zip(self.names, pgn_offset)}
-            grads, loss = gv(params, x, y, w, anchor)
+            grads, loss = self._grads_and_losses(params, x, y, w, anchor)
             beta = float(step.beta)
             if beta == 1.0:
                 return loss, grads
@@ -246,8 +269,7 @@ class VectorizedTrainer:
             return loss, {
                 n: beta * grads[n] + (1.0 - beta) * gt for n, gt in zip(self.names, g_tilde)
             }
-        grads, loss = gv(params, x, y, w, anchor)
-        return loss, grads
+        return self._grads_and_losses(params, x, y, w, anchor)[::-1]
 
     def _pgn_public(self, public: dict) -> tuple[list | None, list | None]:
         """(perturbation δ, g̃) of DP-FedPGN: :func:`pgn_public`, the same for all."""
@@ -258,11 +280,6 @@ class VectorizedTrainer:
             self.base.params, beta=step.beta, rho=step.rho, g_tilde=public.get("g_tilde_list")
         )
         return delta, g_tilde
-
-    def _batched_step(self, params: dict, x, y, w, anchor, pgn_offset, g_tilde):
-        """``_client_step`` of every client of the group: stacked params, x, y, w; the
-        anchor and PGN's public tensors are shared."""
-        return self._vmapped_step(params, x, y, w, anchor, pgn_offset, g_tilde)
 
     # ----------------------------------------------------------------- training
     def train_group(
@@ -367,9 +384,7 @@ class VectorizedTrainer:
         return reason
 
     def _probe(self) -> str | None:
-        self._vmapped_step = vmap(
-            self._client_step, in_dims=(0, 0, 0, 0, None, None, None), randomness="error"
-        )
+        self._vmapped_loss = vmap(self._loss, in_dims=(0, 0, 0, 0, None), randomness="error")
         base = self.base
         ds = base.dataset
         n = min(2, len(ds.y_train))
@@ -401,8 +416,7 @@ class VectorizedTrainer:
         x = torch.stack([x1, x1])
         y = torch.stack([y1, y1])
         w = torch.tensor([[1.0] * n, [0.0] * n], device=device)
-        gv = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0, 0, None))
-        grads, loss = gv(params, x, y, w, anchor)
+        grads, loss = self._grads_and_losses(params, x, y, w, anchor)
         if not torch.isfinite(loss).all():
             return "non-finite probe loss"
         if not torch.allclose(loss[0], ref_loss.detach(), rtol=1e-4, atol=1e-6):
@@ -530,12 +544,12 @@ class DeferredTrainer:
     """The automatic choice on the CPU, made when it first matters.
 
     On the CPU a group under ``CPU_MIN_GROUP`` clients trains one by one whatever the
-    probe says, so a worker whose shards stay smaller never needs the probe — whose
-    first ``torch.func`` use imports ``torch._dynamo`` (1–2.7 s of a worker's start,
-    ``benchmarks/startup_eval.py``). This trainer trains such shards one by one and
-    runs the probe and :func:`auto_group_size` once, at the first shard of at least
-    ``least`` clients; from then on it is that choice. Results are those of deciding
-    at start: the decision does not depend on when it is made.
+    probe says, so a worker whose shards stay smaller never needs the probe, whose
+    first vmap costs 0.3 s (1–2.7 s, ``benchmarks/startup_eval.py``, while the backward
+    pass was ``torch.func.grad``, which imports ``torch._dynamo``). This trainer trains
+    such shards one by one and runs the probe and :func:`auto_group_size` once, at the
+    first shard of at least ``least`` clients; from then on it is that choice. Results
+    are those of deciding at start: the decision does not depend on when it is made.
     """
 
     def __init__(self, base: OneByOneTrainer, least: int) -> None:
