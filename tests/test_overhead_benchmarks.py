@@ -38,12 +38,17 @@ def test_startup_eval_quick(tmp_path) -> None:
     r = run_quick("startup_eval.py", tmp_path)
     fr = r["first_round"]
     assert positive(fr["ratio"]) and fr["status"] in ("PASS", "MISS")
+    assert positive(fr["cold_ratio"]) and fr["cold_status"] in ("PASS", "MISS")
     for run in fr["runs"]:
         # round 1's row comes after the actors started, and the steps add up
         assert positive(run["first_round_s"]) and positive(run["round1_s"])
         parts = run["prepare_s"] + run["actors_s"] + run["round1_s"]
         assert run["to_first_round_s"] == pytest.approx(parts)
         assert 0 <= run["final_epsilon"] <= 4.0  # dpfl run's default budget
+        # a remembered calibration (warm) runs exactly what a fresh search (cold) runs
+        assert positive(run["cold_first_round_s"])
+        assert run["cold_final_epsilon"] == run["final_epsilon"]
+        assert run["cold_final_accuracy"] == run["final_accuracy"]
     ev = r["evaluation"]
     n = ev["examples"]
     plain_correct, _, plain_n = ev["plain"]["sums"]
