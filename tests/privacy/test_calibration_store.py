@@ -87,3 +87,28 @@ def test_off_keeps_nothing_on_disk_and_unwritable_is_harmless(tmp_path, monkeypa
     assert calibrate_noise_multiplier(TARGET, DELTA, SPEC, ROUNDS) == z
     assert blocker.read_text() == "a file where the folder would go"
     store.forget_in_process()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SamplingSpec("poisson", 1000, rate=0.1),
+        SamplingSpec("poisson", 50_000, rate=0.003),
+        SamplingSpec("fixed", 200, cohort_size=20),
+    ],
+    ids=["poisson", "poisson-small-q", "fixed"],
+)
+def test_remembered_one_round_rdp_gives_the_library_epsilon_bit_for_bit(spec) -> None:
+    """compute_epsilon and EpsilonTracker reuse one round's RDP curve (kept per
+    process); the oracle is a fresh dp-accounting accountant composing the rounds."""
+    from engine.privacy.accounting import EpsilonTracker, make_accountant, round_event
+
+    for z in (0.7, 1.3):
+        tracker = EpsilonTracker(z, spec, DELTA, "rdp")
+        for rounds in (1, 7, 300):
+            acc = make_accountant("rdp", spec)
+            acc.compose(round_event(z, spec), rounds)
+            oracle = float(acc.get_epsilon(DELTA))
+            assert compute_epsilon(z, spec, rounds, DELTA) == oracle
+            assert compute_epsilon(z, spec, rounds, DELTA) == oracle  # remembered
+            assert tracker.epsilon(rounds) == oracle
