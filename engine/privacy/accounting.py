@@ -152,7 +152,7 @@ def make_accountant(
 
 #: One round's RDP curve per (event, adjacency), kept for the life of the process.
 _ONE_ROUND_RDP: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-_ONE_ROUND_RDP_MAX = 4096
+_ONE_ROUND_RDP_MAX = 1024  # ~2.5 MB of curves at most
 
 
 def one_round_rdp(
