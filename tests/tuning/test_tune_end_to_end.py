@@ -190,10 +190,14 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     assert len(frames["local"]) == 2 * 2  # 2 trials x 2 smoke rounds
 
     one, three = RayConfig(num_workers=1), RayConfig(num_workers=3, num_cpus_per_worker=1)
+    one_cpu = RayConfig(num_workers=1, num_cpus_per_worker=1)
     assert trial_executor("auto", one) == "local" and trial_executor("auto", three) == "ray"
     assert trial_executor("ray", one) == "ray"
     with pytest.raises(ConfigError, match=r"^tune\.trial_executor='actors'"):
         trial_executor("actors", one)
     local = trial_bundles(RayConfig(executor="local", num_workers=3, num_cpus_per_worker=1), 0.5)
     actors = trial_bundles(three, 0.5)
-    assert local == [{"CPU": 1.0}] and sum(b["CPU"] for b in actors) == 3.5
+    # a local trial does the head's work and one worker's at a time: it reserves what
+    # an actor trial of one worker reserves
+    assert local == [{"CPU": 1.5}] and sum(b["CPU"] for b in actors) == 3.5
+    assert local == [{"CPU": sum(b["CPU"] for b in trial_bundles(one_cpu, 0.5))}]
