@@ -33,6 +33,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from engine.config import config_from_dict
@@ -55,16 +56,34 @@ def hyperparameter_columns() -> list[str]:
     )
 
 
-def normalise(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    """Add missing ``columns`` and give each its fixed type (float64 or string)."""
+def _as_float(value: Any) -> float:
+    """``pd.to_numeric(errors="coerce")`` of one value, as float64: numbers and numeric
+    strings convert, anything else (None, other text) is NaN."""
+    if isinstance(value, str):
+        return float(pd.to_numeric(value, errors="coerce"))
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def row_frame(row: dict[str, Any], columns: dict[str, str]) -> pd.DataFrame:
+    """One row as a one-row frame, partition columns left out, every column of
+    ``columns`` present with its fixed type (float64, or pandas' ``string``), the others
+    typed as pandas infers them, columns sorted by name: all files of a sweep then share
+    one schema (pandas/pyarrow read a directory with the first file's schema).
+
+    Built column by column from typed one-element arrays, 0.1 ms, where casting the
+    columns of a one-row frame one ``astype`` at a time took 4 ms idle and 12 ms under
+    a sweep's load, more than a small trial's round (equal frames, tested)."""
+    data: dict[str, Any] = {k: [v] for k, v in row.items() if k not in PARTITIONS}
     for col, kind in columns.items():
-        if col not in frame:
-            frame[col] = None
+        value = data[col][0] if col in data else None
         if kind == "string":
-            frame[col] = frame[col].astype("string")
+            data[col] = pd.array([value], dtype="string")
         else:
-            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
-    return frame
+            data[col] = np.array([_as_float(value)], dtype=np.float64)
+    return pd.DataFrame({k: data[k] for k in sorted(data)})
 
 
 def column_names(keys: list[str]) -> dict[str, str]:
@@ -82,9 +101,7 @@ def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -
     folder = rounds_dir(out, row["algorithm"], row["epsilon_budget"])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{row['trial_id']}-round{int(row['round']):05d}.parquet"
-    frame = pd.DataFrame([{k: v for k, v in row.items() if k not in PARTITIONS}])
-    frame = normalise(frame, columns)
-    frame = frame[sorted(frame.columns)]
+    frame = row_frame(row, columns)
     tmp = folder / f".{path.name}.tmp"
     frame.to_parquet(tmp, index=False)
     os.replace(tmp, path)

@@ -1,0 +1,69 @@
+"""A round's Parquet row: the fast one-row builder gives the frame (and file) that
+casting a pandas frame column by column gives."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from tuning.trial import PARTITIONS, STRING_COLUMNS, hyperparameter_columns, row_frame
+
+
+def reference_frame(row: dict, columns: dict[str, str]) -> pd.DataFrame:
+    """The oracle: a one-row frame cast one column at a time (the former writer)."""
+    frame = pd.DataFrame([{k: v for k, v in row.items() if k not in PARTITIONS}])
+    for col, kind in columns.items():
+        if col not in frame:
+            frame[col] = None
+        if kind == "string":
+            frame[col] = frame[col].astype("string")
+        else:
+            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return frame[sorted(frame.columns)]
+
+
+COLUMNS = {c: ("string" if c in STRING_COLUMNS else "float") for c in hyperparameter_columns()}
+BASE = {
+    "algorithm": "dp_fedavg",
+    "epsilon_budget": 4.0,
+    "round": 3,
+    "trial_id": "abc_00001",
+    "trial_index": 7,
+    "epsilon": 1.25,
+    "test_accuracy": math.nan,
+    "num_clipped": 4,
+    "private": True,
+    "randomness": "simulation",
+    "max_cohort": math.nan,
+    "noise_multiplier": np.float64(1.1),
+    "loss": np.float32(0.5),
+}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"lr": 0.1, "clip_norm": 2, "ls_scope": "global"},
+        {"lr": "0.25", "clip_norm": None, "ls_scope": None, "ls_local": "fft"},
+        {"lr": True, "clip_norm": "not a number", "rho": math.inf, "ls_scope": math.nan},
+        {"beta": np.int64(3), "sigma_ls": np.float32(0.5), "ls_local": "x", "note": None},
+    ],
+    ids=["no-hyperparameters", "numbers", "strings-and-none", "odd-values", "numpy-scalars"],
+)
+def test_row_frame_equals_the_column_by_column_cast(extra, tmp_path) -> None:
+    row = {**BASE, **extra}
+    fast, ref = row_frame(row, COLUMNS), reference_frame(row, COLUMNS)
+    pd.testing.assert_frame_equal(fast, ref)
+    fast.to_parquet(tmp_path / "fast.parquet", index=False)
+    ref.to_parquet(tmp_path / "ref.parquet", index=False)
+    assert pq.read_schema(tmp_path / "fast.parquet").equals(
+        pq.read_schema(tmp_path / "ref.parquet"), check_metadata=True
+    )
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "fast.parquet"), pd.read_parquet(tmp_path / "ref.parquet")
+    )
