@@ -49,7 +49,8 @@ def _dp_accounting_version() -> str:
 def calibration_key(**inputs: Any) -> str:
     """A canonical string of the search's inputs (floats written exactly, by repr)."""
     fields = {
-        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in inputs.items()
+        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+        for k, v in inputs.items()
     }
     fields["search_version"] = SEARCH_VERSION
     fields["dp_accounting"] = _dp_accounting_version()
