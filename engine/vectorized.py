@@ -269,7 +269,8 @@ class VectorizedTrainer:
             return loss, {
                 n: beta * grads[n] + (1.0 - beta) * gt for n, gt in zip(self.names, g_tilde)
             }
-        return self._grads_and_losses(params, x, y, w, anchor)[::-1]
+        grads, loss = self._grads_and_losses(params, x, y, w, anchor)
+        return loss, grads
 
     def _pgn_public(self, public: dict) -> tuple[list | None, list | None]:
         """(perturbation δ, g̃) of DP-FedPGN: :func:`pgn_public`, the same for all."""
