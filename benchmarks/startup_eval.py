@@ -16,9 +16,10 @@ times per repeat:
 * ``simulate``, cold and warm: wall time from calling :func:`engine.simulate.simulate`
   until its ``on_round`` callback sees round 1's row (and round 2's, for a steady
   round). Cold: the calibration store (``engine.privacy.calibration_store``, here a
-  temporary ``DPFL_CACHE_DIR``) is emptied first, so σ is searched, as in the first run
-  of a setting on a machine. Warm: the store holds the answer, as in every later run
-  and every trial of a sweep at this ε (the accountant still re-checks it).
+  temporary ``DPFL_CACHE_DIR``) and this process's RDP curves are emptied first, so σ
+  is searched, as in the first run of a setting on a machine. Warm: the store holds
+  the answer, as in every later run and every trial of a sweep at this ε (the
+  accountant still re-checks it).
 * the same steps called one by one, as ``simulate`` calls them, for the breakdown:
   ``prepare`` (checks, privacy calibration, building the data set), ``make_executor``
   (``ray.put`` of the data set, starting the worker and server actors and waiting for
@@ -94,12 +95,13 @@ def startup_overrides(quick: bool) -> list[str]:
 
 
 def empty_calibration_store() -> None:
-    """Forget every remembered calibration (this process and the benchmark's folder)."""
+    """Forget every remembered calibration and RDP curve (this process and the
+    benchmark's folder): the next run starts as the first run of a setting does."""
     import shutil
 
-    from engine.privacy import calibration_store
+    from engine.privacy import accounting, calibration_store
 
-    calibration_store.forget_in_process()
+    accounting.forget_remembered()
     folder = calibration_store.store_dir()
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)

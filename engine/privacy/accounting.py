@@ -182,6 +182,13 @@ def one_round_rdp(
     return hit
 
 
+def forget_remembered() -> None:
+    """Drop this process's remembered RDP curves and calibrations (the disk store
+    stays); for benchmarks that time a cold start."""
+    _ONE_ROUND_RDP.clear()
+    calibration_store.forget_in_process()
+
+
 def compute_epsilon(
     noise_multiplier: float,
     spec: SamplingSpec,
