@@ -421,7 +421,8 @@ def actor_pids(run_name: str, executor: Any) -> tuple[dict[str, int], str]:
         pass
     found = {}
     pool = executor.pool  # engine.executors.RayWorkerPool
-    handles = [*getattr(pool, "workers", []), getattr(pool, "server", None)]
+    server = None if getattr(pool, "server_in_driver", False) else getattr(pool, "server", None)
+    handles = [*getattr(pool, "workers", []), server]
     for i, h in enumerate(handles):
         if h is None:
             continue
@@ -441,10 +442,15 @@ class LastRoundSampler:
         self.pids: dict[str, int] = {}
         self.pid_source = ""
         self.worker_device = "unknown"
+        self.server_placement = "unknown"
 
     def __call__(self, row: dict, executor: Any) -> None:
         if int(row["round"]) != self.rounds:
             return
+        # ray.server=auto keeps the server in the driver on one node: then "driver"
+        # is the driver plus the server, and there is no server actor.
+        in_driver = bool(getattr(executor.pool, "server_in_driver", False))
+        self.server_placement = "driver" if in_driver else "actor"
         self.pids = {"driver": os.getpid()}
         self.peak_mb = {"driver": mb(read_status_kb("self"))}
         try:
@@ -631,6 +637,7 @@ def run_dpfl(
         "pids": sampler.pids,
         "pid_source": sampler.pid_source,
         "worker_device": sampler.worker_device,
+        "server_placement": sampler.server_placement,
         "_weights": np.asarray(res.weights, dtype=np.float32),
     }
 
@@ -750,7 +757,8 @@ def print_report(rep: dict[str, Any]) -> None:
             print(f"  dpfl   {name:34s} {fmt(v, '.0f'):>8s}   pid {pid}")
         print(
             f"  (actor pids from: {d['pid_source']}; dpfl workers trained on: "
-            f"{d['worker_device']}; plain on: {p['device'] if p else '-'})"
+            f"{d['worker_device']}; server in: {d['server_placement']}; "
+            f"plain on: {p['device'] if p else '-'})"
         )
     if rep.get("ratio") is not None:
         r, rl = rep["ratio"], rep["round_loop_ratio"]

@@ -10,7 +10,8 @@ include_dashboard=False)``), its start-up is printed and excluded from every fig
 
 (a) Time to first round (target: ≤ 3 s after Ray is up). The workload is ``dpfl run``'s
 default configuration (Synthetic(1, 1), 1000 clients, MLP, Poisson q = 0.1, 2 client
-workers of 1 CPU plus the server actor), 2 rounds, nothing written. Measured three
+workers of 1 CPU; the server in the driver, as ``ray.server=auto`` places it on
+one node), 2 rounds, nothing written. Measured three
 times per repeat:
 
 * ``simulate``, cold and warm: wall time from calling :func:`engine.simulate.simulate`
@@ -22,8 +23,8 @@ times per repeat:
   accountant still re-checks it).
 * the same steps called one by one, as ``simulate`` calls them, for the breakdown:
   ``prepare`` (checks, privacy calibration, building the data set), ``make_executor``
-  (``ray.put`` of the data set, starting the worker and server actors and waiting for
-  their ``ping``), round 1 (``Executor.run_round(0)``) and round 2 (a warm round).
+  (``ray.put`` of the data set, starting the worker actors, building the server
+  and waiting for their ``ping``), round 1 (``Executor.run_round(0)``) and round 2 (a warm round).
 
   Actor start is then split further with two probe actors started the same way (one
   fresh Ray worker process each): an empty actor (Ray's process start and actor
@@ -40,7 +41,7 @@ examples) is evaluated
 * through the Ray executor's evaluation path for k = 1, 2 workers (1 CPU each):
   ``RayWorkerPool.evaluate(pool.current_weights(), plan.test_slices)`` — exactly what
   ``engine.executors.play_round`` calls on an evaluation round (the slices are
-  ``engine.evaluation.eval_slices``), the weights coming from the server actor.
+  ``engine.evaluation.eval_slices``), the weights coming from the server.
 
 Each figure is the median of ``--repeats`` timed calls after one warm-up call. Also
 printed: the overhead of one evaluation call on an empty slice (Ray round trip, the

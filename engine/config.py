@@ -415,8 +415,9 @@ class ServerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RayConfig:
-    """Execution. ``executor=ray`` runs client workers and the server as Ray actors;
-    ``executor=local`` runs the identical computation in-process (same results)."""
+    """Execution. ``executor=ray`` runs client workers as Ray actors and the server as
+    an actor or in the driver (``server``); ``executor=local`` runs the identical
+    computation in-process (same results)."""
 
     executor: str = "ray"
     address: str | None = None
@@ -429,6 +430,7 @@ class RayConfig:
     gpu_memory_safety: float = 0.2
     gpu_packing: str = "fixed"  # fixed: num_gpus_per_worker; memory: measured workers/GPU
     worker_device: str = "auto"  # auto: the GPU Ray assigned, else CPU; cpu; cuda
+    server: str = "auto"  # auto: driver on a one-node cluster, else actor; actor; driver
 
     def __post_init__(self) -> None:
         _check(
@@ -464,6 +466,12 @@ class RayConfig:
             "ray.gpu_packing",
             self.gpu_packing,
             "must be fixed or memory",
+        )
+        _check(
+            self.server in ("auto", "actor", "driver"),
+            "ray.server",
+            self.server,
+            "must be auto, actor or driver",
         )
         _check(
             self.worker_device in ("auto", "cpu", "cuda"),

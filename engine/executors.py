@@ -16,10 +16,11 @@ keyed by (seed, round, client), so it does not depend on which worker trains a c
 Ray layout: one persistent :class:`ClientWorker` actor per worker, each declared with
 ``num_cpus`` / ``num_gpus`` (fractional GPUs allowed) and holding the dataset once —
 ``ray.put`` places it in the object store and numpy arrays are read zero-copy — and
-one :class:`Server` actor that owns the global model, the noise streams and the
-accountant. Per round the driver moves only object references: the global weights
-go from the server to the workers and the partial sums from the workers to the
-server without passing through the driver.
+one :class:`Server` that owns the global model, the noise streams and the accountant:
+an actor, or (``ray.server``, :func:`server_in_driver`) the driver process behind an
+actor's interface (:class:`DriverServer`). Per round the driver moves only object
+references: the global weights go from the server to the workers and the partial
+sums from the workers to the server, through the driver only where the server lives.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ def ray_executor(
     run_name: str = "dpfl",
     include_dashboard: bool | None = None,
 ) -> Executor:
-    """Persistent client-worker actors plus a server actor (:class:`RayWorkerPool`)."""
+    """Persistent client-worker actors plus a server (:class:`RayWorkerPool`)."""
     pool = RayWorkerPool(dataset, server_spec, local_spec, ray_cfg, run_name, include_dashboard)
     return Executor(pool, round_plan(dataset, server_spec, local_spec, ray_cfg.num_workers))
 
@@ -280,25 +281,84 @@ class WorkerLostError(RuntimeError):
     """Actors kept dying: the run stops; the rounds completed so far are intact."""
 
 
+def server_in_driver(choice: str) -> bool:
+    """Where :class:`RayWorkerPool` keeps the server (``ray.server``).
+
+    ``actor``: its own actor. ``driver``: this process, called like an actor
+    (:class:`DriverServer`). ``auto``: the driver when the Ray cluster has one live
+    node (a laptop or a single machine), where it saves a process that would import
+    torch and the accountant again while the workers start — about a second of the
+    time to the first round on 2 cores (``benchmarks/startup_eval.py``); an actor on
+    a multi-node cluster. Results are bit-identical either way (tested)."""
+    if choice != "auto":
+        return choice == "driver"
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+
+
+class _DriverMethod:
+    """One :class:`Server` method called like an actor method: ``.remote(*args)`` runs
+    it now in this process and returns object references to what it returned."""
+
+    def __init__(self, ray, fn: Callable, num_returns: int = 1) -> None:
+        self._ray, self._fn, self._num_returns = ray, fn, num_returns
+
+    def options(self, num_returns: int = 1, **_: Any) -> _DriverMethod:
+        return _DriverMethod(self._ray, self._fn, num_returns)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        ray = self._ray
+
+        def arrive(a: Any) -> Any:
+            # As an actor's argument would: a reference resolved, a value copied through
+            # the object store (so the server never aliases the caller's arrays).
+            return ray.get(a if isinstance(a, ray.ObjectRef) else ray.put(a))
+
+        out = self._fn(*map(arrive, args), **{k: arrive(v) for k, v in kwargs.items()})
+        if self._num_returns == 1:
+            return ray.put(out)
+        return [ray.put(o) for o in out]
+
+
+class DriverServer:
+    """A :class:`Server` in the driver process behind an actor handle's interface.
+
+    The server's work is the same either way; only the process differs. It cannot be
+    lost on its own (it dies with the driver), so ``max_restarts`` concerns only the
+    client workers, and its round checkpoint is a reference like an actor's."""
+
+    def __init__(self, ray, dataset: FederatedDataset, spec: ServerSpec) -> None:
+        self._ray = ray
+        self.instance = Server(dataset, spec)
+
+    def __getattr__(self, name: str) -> _DriverMethod:
+        if name.startswith("__") and name != "__ray_ready__":
+            raise AttributeError(name)
+        if name == "__ray_ready__":
+            return _DriverMethod(self._ray, lambda: True)
+        return _DriverMethod(self._ray, getattr(self.instance, name))
+
+
 class RayWorkerPool:
-    """Persistent client-worker actors plus a server actor, surviving actor deaths.
+    """Persistent client-worker actors plus a server, surviving actor deaths.
 
     Everything Ray-specific lives here: actors declared with their resources (and a GPU
     share, see :mod:`engine.resources`), the dataset put once in the object store,
     object references passed between actors so the O(d) vectors never go through the
-    driver, and fault tolerance.
+    driver (unless the server lives there, ``ray.server``), and fault tolerance.
 
-    Fault tolerance. Workers and the server are declared with ``max_restarts`` =
-    ``ray.max_worker_restarts``. After every completed round the executor keeps object
-    references to the server's state (and, for recipes with per-client state, each
-    worker's client-state snapshot) in the object store — a round checkpoint that costs
-    one O(d) copy, never a trip through the driver. When a client-worker dies during a
-    round, only its shard (the lost clients) is re-run on the restarted actor with the
-    same inputs and the same (seed, round, client) RNG streams, so its partial sum is
-    bit-identical to the lost one. When the server dies, or a worker of a recipe with
-    per-client state, every actor is restored to the previous round's checkpoint and
-    the round is re-run whole. ε is a function of the rounds completed by the server,
-    so each round is composed exactly once whatever was retried. More than
+    Fault tolerance. Workers and a server actor are declared with ``max_restarts`` =
+    ``ray.max_worker_restarts`` (a server in the driver can only die with it). After
+    every completed round the executor keeps object references to the server's state
+    (and, for recipes with per-client state, each worker's client-state snapshot) in the
+    object store — a round checkpoint that costs one O(d) copy. When a client-worker
+    dies during a round, only its shard (the lost clients) is re-run on the restarted
+    actor with the same inputs and the same (seed, round, client) RNG streams, so its
+    partial sum is bit-identical to the lost one. When the server dies, or a worker of a
+    recipe with per-client state, every actor is restored to the previous round's
+    checkpoint and the round is re-run whole. ε is a function of the rounds completed by
+    the server, so each round is composed exactly once whatever was retried. More than
     ``max_worker_restarts`` losses in one round raise :class:`WorkerLostError`.
     """
 
@@ -343,12 +403,16 @@ class RayWorkerPool:
             ).remote(data_ref, local_spec)
             for i in range(ray_cfg.num_workers)
         ]
-        self.server: Any = server_cls.options(
-            num_cpus=0,
-            name=f"{run_name}:server",
-            max_restarts=self.max_restarts,
-            max_task_retries=0,
-        ).remote(data_ref, server_spec)
+        self.server_in_driver = server_in_driver(ray_cfg.server)
+        if self.server_in_driver:  # built while the worker processes start
+            self.server: Any = DriverServer(ray, ray.get(data_ref), server_spec)
+        else:
+            self.server = server_cls.options(
+                num_cpus=0,
+                name=f"{run_name}:server",
+                max_restarts=self.max_restarts,
+                max_task_retries=0,
+            ).remote(data_ref, server_spec)
         # Kept for the executor's lifetime: a restarting actor re-reads its constructor
         # arguments from the object store.
         self._data_ref: Any = data_ref
@@ -541,7 +605,7 @@ class RayWorkerPool:
     def close(self) -> None:
         ray = self._ray
         for a in [*getattr(self, "workers", []), getattr(self, "server", None)]:
-            if a is not None:
+            if a is not None and not isinstance(a, DriverServer):
                 try:
                     ray.kill(a)
                 except Exception:  # noqa: BLE001 - best effort on shutdown

@@ -23,7 +23,10 @@ KILL_AFTER_ROUND = 2
 KILL_DELAY_S = 0.6
 
 
-def config(algorithm: str, restarts: int):
+def config(algorithm: str, restarts: int, server: str = "auto"):
+    """``server``: ``ray.server``. The runs without a server kill keep ``auto`` (the
+    server in the driver on this one-node Ray); killing the server needs an actor, so
+    that run also shows the two placements give the same run."""
     return load_config(
         overrides=[
             f"algorithm={algorithm}",
@@ -42,6 +45,7 @@ def config(algorithm: str, restarts: int):
             "ray.num_workers=2",
             "ray.num_cpus_per_worker=1",
             f"ray.max_worker_restarts={restarts}",
+            f"ray.server={server}",
         ]
     )
 
@@ -84,7 +88,8 @@ def run(
     outcome: dict = {"error": None}
     t0 = time.perf_counter()
     try:
-        cfg = replace(config(algorithm, restarts), out=out)
+        server = "actor" if target == "server" else "auto"
+        cfg = replace(config(algorithm, restarts, server), out=out)
         result = simulate(cfg, run_name=name, on_round=kill_later)
         outcome["weights"] = result.weights.tolist()
         outcome["rows"] = result.rounds.drop(columns="wall_time_s_nonprivate").to_dict("list")

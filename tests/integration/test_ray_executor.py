@@ -1,4 +1,5 @@
-"""The Ray executor (client-worker actors + server actor) equals the in-process one."""
+"""The Ray executor (client-worker actors; the server an actor or in the driver) equals
+the in-process one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def _cfg(small_overrides, *extra: str):
     )
 
 
-def test_ray_equals_in_process_bit_for_bit(ray_session, small_overrides) -> None:
+@pytest.mark.parametrize("server", ["actor", "driver"])
+def test_ray_equals_in_process_bit_for_bit(ray_session, small_overrides, server: str) -> None:
     extra = (
         "ray.num_workers=2",
         "ray.num_cpus_per_worker=0.5",
@@ -25,7 +27,9 @@ def test_ray_equals_in_process_bit_for_bit(ray_session, small_overrides) -> None
         "ray.worker_device=cpu",
     )  # fractional-GPU scheduling (a fake GPU in CI, so training is told to stay on the CPU)
     local = simulate(_cfg(small_overrides, *extra), write=False)
-    on_ray = simulate(_cfg(small_overrides, *extra, "ray.executor=ray"), write=False)
+    on_ray = simulate(
+        _cfg(small_overrides, *extra, "ray.executor=ray", f"ray.server={server}"), write=False
+    )
     assert np.array_equal(local.weights, on_ray.weights)
     cols = [
         "epsilon",
@@ -72,3 +76,24 @@ def test_unschedulable_workers_fail_with_clear_error(
     )
     with pytest.raises(RuntimeError, match=r"ray\.num_workers=2 .* could not all start"):
         simulate(cfg, write=False)
+
+
+def test_server_placement_follows_ray_server(ray_session, small_overrides) -> None:
+    """``auto`` keeps the server in the driver on this one-node Ray (no server actor is
+    started); ``actor`` starts one; a bad value is refused naming the key."""
+    from engine.config import ConfigError
+    from engine.executors import DriverServer, server_in_driver
+
+    assert server_in_driver("auto") and server_in_driver("driver")
+    assert not server_in_driver("actor")
+    seen: dict[str, object] = {}
+
+    def grab(row, executor) -> None:
+        seen["server"] = executor.pool.server
+
+    for placement in ("auto", "actor"):
+        cfg = _cfg(small_overrides, "ray.executor=ray", f"ray.server={placement}")
+        simulate(cfg, write=False, on_round=grab)
+        assert isinstance(seen["server"], DriverServer) == (placement == "auto")
+    with pytest.raises(ConfigError, match=r"ray\.server.*'elsewhere'.*auto, actor or driver"):
+        _cfg(small_overrides, "ray.server=elsewhere")
