@@ -11,6 +11,7 @@ accountant (ε reachable) run in :func:`engine.simulate.prepare` before any work
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -638,7 +639,12 @@ class RunConfig:
 # --------------------------------------------------------------------------- building
 
 
+@functools.cache
 def _section_types(cls: type) -> dict[str, Any]:
+    """A config class's field annotations, resolved once per class (``get_type_hints``
+    evaluates the string annotations again at every call: 0.14 ms each, eleven per
+    config built, and a sweep of tiny trials builds several configs per trial). The
+    dict is shared: read it, never change it."""
     return typing.get_type_hints(cls)
 
 

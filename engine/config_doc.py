@@ -120,6 +120,8 @@ KEY_HELP: dict[str, str] = {
     "ray.gpu_memory_safety": "fraction of free GPU memory kept spare by gpu_packing=memory",
     "ray.gpu_packing": "fixed (num_gpus_per_worker) or memory (measured workers per GPU)",
     "ray.worker_device": "auto (the GPU Ray assigned, else CPU), cpu or cuda",
+    "ray.server": "where the server runs: auto (driver on a one-node cluster, else actor), "
+    "actor or driver; same results",
 }
 
 
