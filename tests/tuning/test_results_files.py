@@ -82,3 +82,52 @@ def test_results_benchmark_reads_the_same_rows_from_both_layouts(tmp_path) -> No
     assert res["ratio_compacted_over_per_round"] == pytest.approx(
         res["compacted_read_s"] / res["per_round_layout_whole_sweep_s_extrapolated"]
     )
+
+
+@pytest.mark.parametrize("note_varies", [True, False], ids=["mixed-types", "one-schema"])
+def test_compacting_from_the_rows_written_equals_reading_them_back(
+    tmp_path, note_varies: bool
+) -> None:
+    """``compact_trial(..., written)`` takes the tables ``write_round`` returned instead
+    of reading those files back: the compacted file (schema with pandas' metadata, and
+    values) equals the one folded from disk by pandas, also for a resumed trial whose
+    earlier rounds this process did not write, and for columns typed by inference (int,
+    bool, text, None). With one schema for every round the tables are concatenated
+    directly (the fast path); with a column that is None in some rounds and text in
+    others, pandas folds them."""
+    import pyarrow.parquet as pq
+
+    def rows(trial_id: str) -> list[dict]:
+        out = []
+        for r in range(1, 7):
+            row = {
+                "algorithm": "dp_fedavg",
+                "epsilon_budget": 4.0,
+                "trial_id": trial_id,
+                "round": r,
+                "epsilon": 0.1 * r,
+                "test_accuracy": float("nan") if r % 3 else 0.5,
+                "trial_index": 2,
+                "private": bool(r % 2),
+                "note": None if r < 3 and note_varies else f"r{r}",
+                "lr": 0.1,
+            }
+            if r % 2:
+                row["ls_scope"] = "tensor"
+            out.append(row)
+        return out
+
+    results = {}
+    for name, keep in (("disk", None), ("memory", range(1, 7)), ("resumed", range(4, 7))):
+        out = tmp_path / name
+        written = {}
+        for row in rows("t_00000"):
+            frame = write_round(out, row, COLUMNS)
+            if keep is not None and row["round"] in keep:
+                written[row["round"]] = frame
+        target = compact_trial(out, "dp_fedavg", 4.0, "t_00000", written if keep else None)
+        results[name] = pq.read_table(target)
+    for name in ("memory", "resumed"):
+        assert results[name].schema.equals(results["disk"].schema, check_metadata=True)
+        assert results[name].equals(results["disk"])
+    assert results["disk"].num_rows == 6
