@@ -574,6 +574,7 @@ def _tune(args: argparse.Namespace) -> int:
                     overrides=args.set,
                     tuning_privacy=args.tuning_privacy,
                     tnb_shape=args.tnb_shape,
+                    runner=args.runner,
                 )
             finally:
                 if owns_ray:

@@ -180,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
     tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
     tu.add_argument(
+        "--runner",
+        choices=["tune", "driver"],
+        default=None,
+        help="tune (default, or tune.runner in the YAML): trials in parallel through Ray "
+        "Tune; driver: one after another in this process, without Tune's start-up "
+        "(random search, fifo; for sweeps of tiny trials)",
+    )
+    tu.add_argument(
         "--tuning-privacy",
         choices=["compose", "poisson", "truncated_negative_binomial"],
         default="compose",

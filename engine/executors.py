@@ -281,17 +281,21 @@ class WorkerLostError(RuntimeError):
     """Actors kept dying: the run stops; the rounds completed so far are intact."""
 
 
-def server_in_driver(choice: str) -> bool:
+def server_in_driver(choice: str, address: str | None = None) -> bool:
     """Where :class:`RayWorkerPool` keeps the server (``ray.server``).
 
     ``actor``: its own actor. ``driver``: this process, called like an actor
     (:class:`DriverServer`). ``auto``: the driver when the Ray cluster has one live
     node (a laptop or a single machine), where it saves a process that would import
-    torch and the accountant again while the workers start — about a second of the
-    time to the first round on 2 cores (``benchmarks/startup_eval.py``); an actor on
-    a multi-node cluster. Results are bit-identical either way (tested)."""
+    torch and the accountant again while the workers start — about 1.9 s of the time
+    to the first round on 2 cores (``benchmarks/startup_eval.py``); an actor on a
+    multi-node cluster, and through Ray Client (``ray://`` addresses: the driver is
+    then outside the cluster). Results are bit-identical either way (tested)."""
     if choice != "auto":
         return choice == "driver"
+    address = address or os.environ.get("RAY_ADDRESS") or ""
+    if address.startswith("ray://"):
+        return False
     import ray
 
     return sum(1 for n in ray.nodes() if n.get("Alive")) == 1
@@ -403,7 +407,7 @@ class RayWorkerPool:
             ).remote(data_ref, local_spec)
             for i in range(ray_cfg.num_workers)
         ]
-        self.server_in_driver = server_in_driver(ray_cfg.server)
+        self.server_in_driver = server_in_driver(ray_cfg.server, ray_cfg.address)
         if self.server_in_driver:  # built while the worker processes start
             self.server: Any = DriverServer(ray, ray.get(data_ref), server_spec)
         else:

@@ -79,3 +79,11 @@ def test_tune_overhead_quick(tmp_path) -> None:
     assert idn["tune_trials"] == 3 and idn["compared"] == 3 and not idn["missing"]
     assert idn["weights_identical"] == 3 and idn["max_weights_rel_diff"] == 0.0
     assert idn["epsilon_equal"] == 3 and idn["accuracy_equal"] == 3
+    # the same sweep with --runner driver: the same trials, the verdict the better one's
+    assert r["driver_statuses"] == {"TERMINATED": 3}
+    assert r["driver_ratio"] == pytest.approx(r["driver_s"] / r["in_process_sum_s"])
+    d = r["driver_identity"]
+    assert d["compared"] == 3 and d["weights_identical"] == 3 and d["epsilon_equal"] == 3
+    assert r["winner"] == ("driver" if r["driver_s"] < r["tune_s"] else "tune")
+    best = min(r["ratio"], r["driver_ratio"])
+    assert r["status"] == ("PASS" if best <= 1.2 else "MISS")

@@ -86,6 +86,7 @@ def test_server_placement_follows_ray_server(ray_session, small_overrides) -> No
 
     assert server_in_driver("auto") and server_in_driver("driver")
     assert not server_in_driver("actor")
+    assert not server_in_driver("auto", "ray://head:10001")  # the driver is outside
     seen: dict[str, object] = {}
 
     def grab(row, executor) -> None:

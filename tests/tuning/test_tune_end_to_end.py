@@ -201,3 +201,63 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     # an actor trial of one worker reserves
     assert local == [{"CPU": 1.5}] and sum(b["CPU"] for b in actors) == 3.5
     assert local == [{"CPU": sum(b["CPU"] for b in trial_bundles(one_cpu, 0.5))}]
+
+
+def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp_path) -> None:
+    """``runner=driver`` runs the cell's trials one after another in this process,
+    without Ray Tune: the same trials (sampled hyperparameters, seeds) with the same
+    rows and trials table columns as under Tune. A resume leaves finished trials alone
+    and re-runs only the one whose results were lost, to the same rows."""
+    from engine.config import ConfigError
+    from tuning.experiment import run_tune
+
+    cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon", "test_accuracy"]
+    frames, tables = {}, {}
+    for runner in ("tune", "driver"):
+        out = tmp_path / runner
+        tables[runner] = run_tune(
+            None, ["dp_fedavg"], [4.0], num_samples=3, out=out, smoke_test=True, runner=runner
+        )
+        frames[runner] = load_rounds(out).sort_values(["trial_index", "round"])
+    pd.testing.assert_frame_equal(
+        frames["tune"][cols].reset_index(drop=True), frames["driver"][cols].reset_index(drop=True)
+    )
+    assert list(tables["driver"].columns) == list(tables["tune"].columns)
+    assert (tables["driver"]["status"] == "TERMINATED").all() and len(tables["driver"]) == 3
+
+    out = tmp_path / "driver"
+    folder = out / "rounds" / "algorithm=dp_fedavg" / "epsilon_budget=4"
+    files = sorted(folder.glob("*.parquet"))
+    assert len(files) == 3  # one compacted file per trial
+    kept = {f: f.stat().st_mtime_ns for f in files}
+    lost = files[1]
+    lost.unlink()  # trial 1's rows and checkpoint are gone: it runs again
+    (out / "trial_checkpoints" / f"{lost.stem}.pkl").unlink()
+    again = run_tune(
+        None,
+        ["dp_fedavg"],
+        [4.0],
+        num_samples=3,
+        out=out,
+        smoke_test=True,
+        resume=True,
+        runner="driver",
+    )
+    assert (again["status"] == "TERMINATED").all() and len(again) == 3
+    assert all(f.stat().st_mtime_ns == kept[f] for f in files if f != lost)  # untouched
+    resumed = load_rounds(out).sort_values(["trial_index", "round"])
+    pd.testing.assert_frame_equal(
+        resumed[cols].reset_index(drop=True), frames["driver"][cols].reset_index(drop=True)
+    )
+    with pytest.raises(ConfigError, match=r"tune\.runner=driver .* --scheduler fifo"):
+        run_tune(
+            None,
+            ["dp_fedavg"],
+            [4.0],
+            out=tmp_path / "x",
+            smoke_test=True,
+            scheduler="asha",
+            runner="driver",
+        )
+    with pytest.raises(ConfigError, match=r"^tune\.runner='elsewhere'"):
+        run_tune(None, ["dp_fedavg"], [4.0], out=tmp_path / "y", runner="elsewhere")
