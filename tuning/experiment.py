@@ -308,11 +308,10 @@ def run_cell_in_driver(
     Each trial is :func:`tuning.trial.trial_body`, the function a Tune trial runs, so
     its hyperparameters, seed, rows, checkpoints and compacted file are those of the
     same trial under Tune. Trial ids are ``<crc of the cell>_<k:05d>``, fixed, so a
-    resumed experiment finds its trials: one whose own checkpoint holds every round is
-    done; any other continues from that checkpoint (none: from the start). A fresh
+    resumed experiment finds its trials: one whose file holds the last round's row is
+    done; any other continues from its own checkpoint (none: from the start), and a
+    checkpointed row that was never written is released from the checkpoint. A fresh
     start removes the cell's rows and its trials' checkpoints first."""
-    import pickle
-
     from tuning.trial import trial_checkpoint_path
 
     name = experiment_name(algorithm, epsilon)
@@ -323,9 +322,16 @@ def run_cell_in_driver(
         for trial_id in ids:
             trial_checkpoint_path(out, trial_id).unlink(missing_ok=True)
     statuses: dict[str, str] = {}
+    import pyarrow.parquet as pq
+
+    folder = rounds_dir(out, algorithm, epsilon)
     for k, trial_id in enumerate(ids):
-        own = trial_checkpoint_path(out, trial_id)
-        if own.exists() and pickle.loads(own.read_bytes())["server"]["rounds_done"] >= rounds:
+        done = folder / f"{trial_id}.parquet"
+        if (
+            done.exists()
+            and not any(folder.glob(f"{trial_id}-round*.parquet"))
+            and max(pq.read_table(done, columns=["round"]).column("round").to_pylist()) >= rounds
+        ):  # every round's row is in the trial's file
             statuses[trial_id] = "TERMINATED"
             continue
         for attempt in range(2):

@@ -194,6 +194,7 @@ def compact_trial(
     epsilon: float,
     trial_id: str,
     written: dict[int, Any] | None = None,
+    last: Any | None = None,
 ) -> Path | None:
     """Fold a finished trial's per-round files into one ``<trial_id>.parquet``.
 
@@ -202,22 +203,27 @@ def compact_trial(
     rounds quick to read. The compacted file also takes any earlier compacted file of
     the trial (a trial Tune restores after it ended), one row per round (the newest).
     ``written`` (round → the table :func:`write_round` returned in this process) spares
-    reading those rounds' files back. Only
-    rounds whose file still exists are taken from it, so the result equals reading the
-    folder (tested). It is written under a dot-name (ignored by readers) and renamed
-    into place before the round files go, so a crash leaves at worst duplicate rows,
-    which :func:`tuning.report.load_rounds` drops. Returns the file, or None with no
-    rows."""
+    reading those rounds' files back; only rounds whose file still exists are taken
+    from it, so the result equals reading the folder (tested). ``last`` is the trial's
+    final row as a table (:func:`row_table`) that was never written on its own: it
+    goes straight into this file, the newest row of its round. It is written under a
+    dot-name (ignored by readers) and renamed into place before the round files go, so
+    a crash leaves at worst duplicate rows, which :func:`tuning.report.load_rounds`
+    drops. Returns the file, or None with no rows."""
     folder = rounds_dir(out, algorithm, epsilon)
     target = folder / f"{trial_id}.parquet"
     parts = sorted(folder.glob(f"{trial_id}-round*.parquet"))
     sources = ([target] if target.exists() else []) + parts
-    if not sources:
+    if not sources and last is None:
         return None
+    folder.mkdir(parents=True, exist_ok=True)
     known = written or {}
     tmp = folder / f".{target.name}.tmp"
     rounds = [int(p.stem.rsplit("-round", 1)[1]) for p in parts]
     tables = [known.get(r) for r in rounds]
+    if last is not None:
+        rounds.append(int(last.column("round")[0].as_py()))
+        tables.append(last)
     if (
         sources == parts
         and all(t is not None for t in tables)
@@ -231,18 +237,16 @@ def compact_trial(
         import pyarrow.parquet as pq
 
         pq.write_table(pa.concat_tables(tables), tmp)
-        os.replace(tmp, target)
-        for p in parts:
-            p.unlink()
-        return target
+    else:
 
-    def rows_of(p: Path) -> pd.DataFrame:
-        rnd = int(p.stem.rsplit("-round", 1)[1]) if p != target else None
-        return known[rnd].to_pandas() if rnd in known else pd.read_parquet(p)
+        def rows_of(p: Path) -> pd.DataFrame:
+            rnd = int(p.stem.rsplit("-round", 1)[1]) if p != target else None
+            return known[rnd].to_pandas() if rnd in known else pd.read_parquet(p)
 
-    frame = pd.concat([rows_of(p) for p in sources], ignore_index=True)
-    frame = frame.drop_duplicates("round", keep="last").sort_values("round", ignore_index=True)
-    frame.to_parquet(tmp, index=False)
+        frames = [rows_of(p) for p in sources] + ([last.to_pandas()] if last is not None else [])
+        frame = pd.concat(frames, ignore_index=True)
+        frame = frame.drop_duplicates("round", keep="last").sort_values("round", ignore_index=True)
+        frame.to_parquet(tmp, index=False)
     os.replace(tmp, target)
     for p in parts:
         p.unlink()
@@ -386,7 +390,7 @@ def trial_body(
 
         def on_checkpoint(state: dict, row: dict) -> None:
             """Persist the round's state before its row is released (never recompute a
-            released round): the trial's own file, then Tune's checkpoint."""
+            released round): the trial's own file, then its metrics to ``report``."""
             blob = pickle.dumps(state)
             own.parent.mkdir(parents=True, exist_ok=True)
             tmp = own.with_name(f".{own.name}.tmp")
@@ -410,10 +414,19 @@ def trial_body(
 
         written: dict[int, Any] = {}  # this process's rows (Arrow tables), for compact_trial
 
+        final: dict[str, Any] = {}
+
         def on_round(row: dict, executor) -> None:
             hp_columns = {names[k]: v for k, v in hps.items()}
             record = round_record(row, event_columns, trial_id, hp_columns)
-            written[int(record["round"])] = write_round(out, record, columns)
+            if int(record["round"]) == config.rounds:
+                # The last row goes straight into the trial's file (compact_trial, just
+                # below): one Parquet write less per trial. Its checkpoint is already
+                # on disk, so a crash before that file leaves it to be released again
+                # from the checkpoint, never recomputed.
+                final["table"] = row_table(record, columns)
+            else:
+                written[int(record["round"])] = write_round(out, record, columns)
 
         simulate(
             config,
@@ -425,6 +438,6 @@ def trial_body(
             run_name=trial_name,
             trial=trial_id,
         )
-        compact_trial(out, algorithm, epsilon, trial_id, written)  # one file per trial
+        compact_trial(out, algorithm, epsilon, trial_id, written, final.get("table"))
 
     return body

@@ -249,6 +249,49 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp
     pd.testing.assert_frame_equal(
         resumed[cols].reset_index(drop=True), frames["driver"][cols].reset_index(drop=True)
     )
+    # A failure after a trial's last checkpoint, in the write of its file: the runner's
+    # clean-up folds its round files, and its last row is only in the checkpoint. A
+    # resume sees the file lacks the last round, releases that row from the checkpoint
+    # (nothing recomputed) and folds it in.
+    import tuning.trial
+
+    crash_out = tmp_path / "crash"
+    real = tuning.trial.compact_trial
+
+    def crash(*args, **kwargs):
+        if len(args) + len(kwargs) <= 4:  # compact_cell's clean-up of leftover rounds
+            return real(*args, **kwargs)
+        raise OSError("simulated failure writing the trial's file")
+
+    tuning.trial.compact_trial = crash
+    try:
+        failed = run_tune(
+            None,
+            ["dp_fedavg"],
+            [4.0],
+            num_samples=3,
+            out=crash_out,
+            smoke_test=True,
+            runner="driver",
+        )
+    finally:
+        tuning.trial.compact_trial = real
+    assert (failed["status"] == "ERROR").all()
+    again = run_tune(
+        None,
+        ["dp_fedavg"],
+        [4.0],
+        num_samples=3,
+        out=crash_out,
+        smoke_test=True,
+        resume=True,
+        runner="driver",
+    )
+    assert (again["status"] == "TERMINATED").all()
+    pd.testing.assert_frame_equal(
+        load_rounds(crash_out).sort_values(["trial_index", "round"])[cols].reset_index(drop=True),
+        frames["driver"][cols].reset_index(drop=True),
+    )
     with pytest.raises(ConfigError, match=r"tune\.runner=driver .* --scheduler fifo"):
         run_tune(
             None,
