@@ -17,9 +17,10 @@ is excluded; the sweep's figure is the wall time of the ``run_tune`` call (Tune'
 every trial, compaction of the results, the trials table).
 
 The same sweep then runs with ``--runner driver`` (``run_tune(..., runner="driver")``:
-the trials one after another in this process, no Ray Tune), timed the same way; the
-script prints both ratios and which runner was faster, and the sweep's verdict is the
-better one's.
+the trials one after another in this process, no Ray Tune), timed the same way after
+Ray is shut down (its trials need none; the baseline runs without it too); the script
+prints both ratios and which runner was faster, and the sweep's verdict is the better
+one's.
 
 The baseline runs the *same* trials — trial k's hyperparameters, drawn by
 ``tuning.spaces.sample`` from (seed, algorithm, ε, k), its own ``trial_seed``, the data
@@ -277,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
             trial_executor_choice=args.trial_executor,
         )
         tune_s = time.perf_counter() - t
-        # The same sweep with --runner driver: the trials one after another in this
-        # process, without Ray Tune (the other way the issue proposes).
+        tune_load = load_average()
+    finally:
+        ray.shutdown()
+    # The same sweep with --runner driver: the trials one after another in this
+    # process, without Ray Tune (the other way the issue proposes). Its trials run
+    # in-process and need no Ray; like the baseline it runs with Ray shut down (unless
+    # --trial-executor ray, which starts one).
+    try:
         t = time.perf_counter()
         driver_trials = run_tune(
             None,
@@ -295,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     rep["tune_s"] = tune_s
-    rep["tune_load"] = load_average()
+    rep["tune_load"] = tune_load
+    rep["driver_load"] = load_average()
     rep["tune_statuses"] = {str(k): int(v) for k, v in trials["status"].value_counts().items()}
     timeline = tune_timeline(out)
     rep["timeline"] = {k: v for k, v in timeline.items() if k != "trials"}
@@ -358,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"--runner driver / in process ({args.trials} trials): {driver_s:.2f} s / "
         f"{local_sum:.2f} s = {rep['driver_ratio']:.3f} (target <= {TARGET_RATIO}: "
-        f"{rep['driver_status']}) {rep['driver_statuses']}"
+        f"{rep['driver_status']}) {rep['driver_statuses']}  [load {rep['driver_load']}]"
     )
     print(
         f"faster here: --runner {rep['winner']}; sweep target: {rep['status']} "

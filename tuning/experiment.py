@@ -146,17 +146,35 @@ def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFra
 
     if not (out / "rounds").is_dir():  # every cell drew K = 0
         return pd.DataFrame(columns=["trial_id", "algorithm", "epsilon_budget", "status"])
-    rounds = load_rounds(out)
+    import pyarrow.parquet as pq
+
+    # Only the columns the table shows (half the reading time of a sweep's small
+    # files), as far as the files have them: they share one schema (tuning.trial).
+    first = next((out / "rounds").rglob("*.parquet"), None)
+    present = set(pq.read_schema(first).names) if first is not None else set()
+    hyper = hyperparameter_columns()
+    fixed = ["noise_multiplier", "epsilon", "wall_time_s_nonprivate", "trial_seed", metric]
+    wanted = [c for c in dict.fromkeys([*fixed, *hyper]) if c in present]
+    rounds = load_rounds(out, columns=wanted)
     hp_cols = [
         c
-        for c in hyperparameter_columns()
+        for c in hyper
         if c in rounds and c not in ("personal_accuracy_nonprivate", "mia_auc_nonprivate")
     ]
+    # One pass over all trials (a Python loop over per-trial frames took 0.7 ms each).
+    rounds = rounds.sort_values(["trial_id", "round"], kind="stable")
+    lasts = rounds.groupby("trial_id", sort=True).tail(1)
+    if metric in rounds:
+        evaluated = rounds.dropna(subset=[metric]).groupby("trial_id")[metric]
+        final, best = evaluated.last().to_dict(), evaluated.max().to_dict()
+    else:
+        final, best = {}, {}
+    has_seed = "trial_seed" in rounds
+    # Values as the frame holds them (pd.NA stays pd.NA; to_dict would make it None).
+    hp_values = {c: list(lasts[c]) for c in hp_cols}
     rows = []
-    for trial_id, g in rounds.groupby("trial_id", sort=True):
-        g = g.sort_values("round")
-        last = g.iloc[-1]
-        evaluated = g[metric].dropna() if metric in g else pd.Series(dtype=float)
+    for i, last in enumerate(lasts.to_dict("records")):
+        trial_id = last["trial_id"]
         row = {
             "trial_id": trial_id,
             "algorithm": last["algorithm"],
@@ -165,13 +183,13 @@ def trials_table(out: Path, statuses: dict[str, str], metric: str) -> pd.DataFra
             "rounds_done": int(last["round"]),
             "noise_multiplier": float(last["noise_multiplier"]),
             "epsilon": float(last["epsilon"]),
-            f"final_{metric}": float(evaluated.iloc[-1]) if len(evaluated) else math.nan,
-            f"best_{metric}": float(evaluated.max()) if len(evaluated) else math.nan,
+            f"final_{metric}": float(final.get(trial_id, math.nan)),
+            f"best_{metric}": float(best.get(trial_id, math.nan)),
             "wall_time_s_nonprivate": float(last["wall_time_s_nonprivate"]),
-            "trial_seed": int(last["trial_seed"]) if "trial_seed" in g else -1,
+            "trial_seed": int(last["trial_seed"]) if has_seed else -1,
         }
         for c in hp_cols:
-            row[c] = last[c]
+            row[c] = hp_values[c][i]
         rows.append(row)
     return pd.DataFrame(rows)
 

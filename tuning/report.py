@@ -31,14 +31,17 @@ if TYPE_CHECKING:  # matplotlib (0.45 s to import) only where a figure is drawn
     from matplotlib.figure import Figure
 
 
-def load_rounds(directory: str | Path) -> pd.DataFrame:
+def load_rounds(directory: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
     """Every (trial, round) row; partition columns as plain str / float. A round both in
     a trial's compacted file and in a leftover round file (a crash between the two
-    steps of ``tuning.trial.compact_trial``) appears once."""
-    df = pd.read_parquet(Path(directory) / "rounds")
+    steps of ``tuning.trial.compact_trial``) appears once. ``columns``: only these
+    (plus the keys ``algorithm``, ``epsilon_budget``, ``trial_id``, ``round``), which
+    halves the time to read a sweep's small files."""
+    keys = ["algorithm", "epsilon_budget", "trial_id", "round"]
+    wanted = None if columns is None else list(dict.fromkeys([*keys, *columns]))
+    df = pd.read_parquet(Path(directory) / "rounds", columns=wanted)
     df["algorithm"] = df["algorithm"].astype(str)
     df["epsilon_budget"] = df["epsilon_budget"].astype(str).astype(float)
-    keys = ["algorithm", "epsilon_budget", "trial_id", "round"]
     return df.drop_duplicates(keys, keep="last").sort_values(keys, ignore_index=True)
 
 

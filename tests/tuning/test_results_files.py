@@ -131,3 +131,76 @@ def test_compacting_from_the_rows_written_equals_reading_them_back(
         assert results[name].schema.equals(results["disk"].schema, check_metadata=True)
         assert results[name].equals(results["disk"])
     assert results["disk"].num_rows == 6
+
+
+def reference_trials_table(out, statuses: dict, metric: str) -> pd.DataFrame:
+    """The oracle: the former ``trials_table``, one trial at a time from every column."""
+    import math
+
+    from tuning.trial import hyperparameter_columns
+
+    rounds = load_rounds(out)
+    skip = ("personal_accuracy_nonprivate", "mia_auc_nonprivate")
+    hp_cols = [c for c in hyperparameter_columns() if c in rounds and c not in skip]
+    rows = []
+    for trial_id, g in rounds.groupby("trial_id", sort=True):
+        g = g.sort_values("round")
+        last = g.iloc[-1]
+        evaluated = g[metric].dropna() if metric in g else pd.Series(dtype=float)
+        row = {
+            "trial_id": trial_id,
+            "algorithm": last["algorithm"],
+            "epsilon_budget": float(last["epsilon_budget"]),
+            "status": statuses.get(trial_id, "UNKNOWN"),
+            "rounds_done": int(last["round"]),
+            "noise_multiplier": float(last["noise_multiplier"]),
+            "epsilon": float(last["epsilon"]),
+            f"final_{metric}": float(evaluated.iloc[-1]) if len(evaluated) else math.nan,
+            f"best_{metric}": float(evaluated.max()) if len(evaluated) else math.nan,
+            "wall_time_s_nonprivate": float(last["wall_time_s_nonprivate"]),
+            "trial_seed": int(last["trial_seed"]) if "trial_seed" in g else -1,
+        }
+        for c in hp_cols:
+            row[c] = last[c]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("metric", ["test_accuracy", "personal_accuracy_nonprivate"])
+def test_trials_table_equals_the_per_trial_reference(tmp_path, metric: str) -> None:
+    """``trials_table`` reads only the columns it shows and folds all trials in one
+    pass; the table equals the former one-trial-at-a-time table from every column, for
+    compacted and per-round files, a metric evaluated in some rounds only, and one
+    never evaluated (all NaN)."""
+    import math
+
+    import tuning.experiment as experiment
+    from tuning.trial import hyperparameter_columns
+
+    columns = {
+        c: ("string" if c in ("ls_scope", "ls_local") else "float")
+        for c in hyperparameter_columns()
+    }
+    for k, rounds in enumerate((3, 4, 2)):
+        for r in range(rounds, 0, -1) if k == 1 else range(1, rounds + 1):
+            row = {
+                "algorithm": "dp_fedavg",
+                "epsilon_budget": 4.0 if k < 2 else 8.0,
+                "trial_id": f"t_{k:05d}",
+                "round": r,
+                "epsilon": 0.1 * r,
+                "noise_multiplier": 1.5,
+                "test_accuracy": math.nan if r % 2 else 0.1 * r + k,
+                "wall_time_s_nonprivate": 0.01 * r,
+                "trial_seed": 100 + k,
+                "lr": 0.1 * (k + 1),
+                "clip_norm": 1.0,
+                "ls_scope": "tensor" if k else None,
+                "unshown_nonprivate": 3.0,
+            }
+            write_round(tmp_path, row, columns)
+    compact_trial(tmp_path, "dp_fedavg", 4.0, "t_00000")  # one compacted, two not
+    statuses = {"t_00000": "TERMINATED", "t_00001": "ERROR"}
+    table = experiment.trials_table(tmp_path, statuses, metric)
+    assert len(table) == 3 and list(table["status"]) == ["TERMINATED", "ERROR", "UNKNOWN"]
+    pd.testing.assert_frame_equal(table, reference_trials_table(tmp_path, statuses, metric))
