@@ -69,7 +69,7 @@ def trial_executor(choice: str, ray_cfg) -> str:
     ``tune.trial_executor`` for another value. Both executors give bit-identical
     results (``engine.executors``), so the choice is only about speed:
     ``benchmarks/tune_overhead.py`` measured a sweep of 32 smoke trials (1 worker) in
-    6.0 s under ``auto`` (330 s with actor trials, at load 4-8, before trial processes
+    5.2-5.4 s under ``auto`` (330 s with actor trials, at load 4-8, before trial processes
     were reused)."""
     if choice not in TRIAL_EXECUTORS:
         raise ConfigError(f"tune.trial_executor={choice!r}: must be {', '.join(TRIAL_EXECUTORS)}")
@@ -396,8 +396,8 @@ def run_tune(
     ``runner`` (default: ``tune.runner`` of the YAML, else ``tune``): ``driver`` runs
     each cell's trials one after another in this process instead of through Ray Tune
     (:func:`run_cell_in_driver`): the same trials, rows, checkpoints and table, without
-    Tune's start (about 1.4 s) and the trial processes' imports (about 2 s on 2 cores),
-    for sweeps of trials so small that those dominate."""
+    Tune's start and finish (1.2-2.2 s) and the trial processes' imports (about 2 s on
+    2 cores), for sweeps of trials so small that those dominate."""
 
     out = Path(out).resolve()
     tree, tune_section = read_tune_file(config_path)
