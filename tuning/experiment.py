@@ -62,6 +62,8 @@ TRIAL_EXECUTORS = ("auto", "ray", "local")
 #: (Ray Tune: trials in parallel processes, any searcher and scheduler) or ``driver``
 #: (one after another in this process, no Tune; random search and FIFO only).
 RUNNERS = ("tune", "driver")
+#: The runner an experiment was started with (``OUT/tune/<this>``); a resume must match.
+RUNNER_FILE = "runner.txt"
 
 
 def trial_executor(choice: str, ray_cfg) -> str:
@@ -103,7 +105,7 @@ def experiment_name(algorithm: str, epsilon: float) -> str:
     return f"{algorithm}-eps{epsilon:g}"
 
 
-def _searcher(search: str, metric: str):
+def _searcher(search: str):
     if search == "random":
         return None
     if search == "optuna":
@@ -111,7 +113,7 @@ def _searcher(search: str, metric: str):
             from ray.tune.search.optuna import OptunaSearch
         except ImportError as e:  # pragma: no cover - depends on optional package
             raise ConfigError(f"--search=optuna needs optuna: pip install optuna ({e})") from None
-        return OptunaSearch(metric=metric, mode="max")
+        return OptunaSearch()  # metric and mode: from the TuneConfig, as the scheduler
     if search == "hyperopt":
         try:
             from ray.tune.search.hyperopt import HyperOptSearch
@@ -119,22 +121,20 @@ def _searcher(search: str, metric: str):
             raise ConfigError(
                 f"--search=hyperopt needs hyperopt: pip install hyperopt ({e})"
             ) from None
-        return HyperOptSearch(metric=metric, mode="max")
+        return HyperOptSearch()  # metric and mode: from the TuneConfig
     raise ConfigError(f"--search={search!r}: must be random, optuna or hyperopt")
 
 
-def _scheduler(name: str, metric: str, rounds: int):
+def _scheduler(name: str, rounds: int):
     if name == "fifo":
         return None
     if name == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
+        # metric and mode come from the TuneConfig: Tune refuses a scheduler that
+        # names them too.
         return ASHAScheduler(
-            time_attr="training_iteration",
-            metric=metric,
-            mode="max",
-            max_t=rounds,
-            grace_period=max(1, rounds // 4),
+            time_attr="training_iteration", max_t=rounds, grace_period=max(1, rounds // 4)
         )
     raise ConfigError(f"--scheduler={name!r}: must be fifo or asha")
 
@@ -330,6 +330,8 @@ def run_cell_in_driver(
     done; any other continues from its own checkpoint (none: from the start), and a
     checkpointed row that was never written is released from the checkpoint. A fresh
     start removes the cell's rows and its trials' checkpoints first."""
+    import pyarrow.parquet as pq
+
     from tuning.trial import trial_checkpoint_path
 
     name = experiment_name(algorithm, epsilon)
@@ -340,8 +342,6 @@ def run_cell_in_driver(
         for trial_id in ids:
             trial_checkpoint_path(out, trial_id).unlink(missing_ok=True)
     statuses: dict[str, str] = {}
-    import pyarrow.parquet as pq
-
     folder = rounds_dir(out, algorithm, epsilon)
     for k, trial_id in enumerate(ids):
         done = folder / f"{trial_id}.parquet"
@@ -418,6 +418,14 @@ def run_tune(
             f"--search random and --scheduler fifo (given --search {search}, --scheduler "
             f"{scheduler}); use --runner tune"
         )
+    marker = out / "tune" / RUNNER_FILE
+    if resume:  # one runner per experiment: the two name their trials differently
+        before = marker.read_text().strip() if marker.exists() else "tune"
+        if before != runner:
+            raise ConfigError(
+                f"--runner {runner}: the experiment in {str(out)!r} ran with --runner "
+                f"{before}; resume it with --runner {before}"
+            )
     if runner == "tune":
         from ray import tune
     if num_samples < 1:
@@ -465,7 +473,8 @@ def run_tune(
             is_text = spec["type"] == "choice" and any(isinstance(v, str) for v in spec["values"])
             columns[names[key]] = "string" if is_text else "float"
 
-    (out / "tune").mkdir(exist_ok=True)  # the experiment's marker (dpfl tune --resume)
+    marker.parent.mkdir(exist_ok=True)  # out/tune marks the experiment (dpfl tune --resume)
+    marker.write_text(runner + "\n")
 
     def new_tuner(trainable, space: dict, name: str):
         own = search == "random"
@@ -474,8 +483,8 @@ def run_tune(
             param_space=space,
             tune_config=tune.TuneConfig(
                 num_samples=1 if own else num_samples,
-                search_alg=_searcher(search, metric),
-                scheduler=_scheduler(scheduler, metric, config.rounds),
+                search_alg=_searcher(search),
+                scheduler=_scheduler(scheduler, config.rounds),
                 metric=metric,
                 mode="max",
                 # A trial's process (torch and dpfl imported, warm) serves the next

@@ -389,13 +389,15 @@ def trial_body(
         last_acc = {"value": math.nan}
 
         def on_checkpoint(state: dict, row: dict) -> None:
-            """Persist the round's state before its row is released (never recompute a
-            released round): the trial's own file, then its metrics to ``report``."""
+            """Persist the round's state in the trial's own file before its row is
+            released (never recompute a released round)."""
             blob = pickle.dumps(state)
             own.parent.mkdir(parents=True, exist_ok=True)
             tmp = own.with_name(f".{own.name}.tmp")
             tmp.write_bytes(blob)
             os.replace(tmp, own)
+
+        def metrics_of(row: dict) -> dict[str, Any]:
             if not math.isnan(row["test_accuracy"]):
                 last_acc["value"] = row["test_accuracy"]
             metrics = {
@@ -407,26 +409,31 @@ def trial_body(
             pa = row.get("personal_accuracy_nonprivate", math.nan)
             if not math.isnan(pa):  # reported; tuned on only with --allow-nonprivate-metric
                 metrics["personal_accuracy_nonprivate"] = pa
-            # No Tune checkpoint: the trial's own file (above, same storage) is the one a
-            # restored or retried trial resumes from, and copying it again into Tune's
-            # storage cost 9 ms a round, more than a small trial's round.
-            report(metrics)
+            return metrics
 
         written: dict[int, Any] = {}  # this process's rows (Arrow tables), for compact_trial
-
-        final: dict[str, Any] = {}
+        folded: list[bool] = []
 
         def on_round(row: dict, executor) -> None:
             hp_columns = {names[k]: v for k, v in hps.items()}
             record = round_record(row, event_columns, trial_id, hp_columns)
-            if int(record["round"]) == config.rounds:
-                # The last row goes straight into the trial's file (compact_trial, just
-                # below): one Parquet write less per trial. Its checkpoint is already
-                # on disk, so a crash before that file leaves it to be released again
-                # from the checkpoint, never recomputed.
-                final["table"] = row_table(record, columns)
+            rnd = int(record["round"])
+            if rnd == config.rounds:
+                # The last row goes straight into the trial's file: one Parquet write
+                # less per trial. Its checkpoint is already on disk, so a crash before
+                # that file leaves it to be released again from the checkpoint, never
+                # recomputed.
+                last = row_table(record, columns)
+                compact_trial(out, algorithm, epsilon, trial_id, written, last)
+                folded.append(True)
             else:
-                written[int(record["round"])] = write_round(out, record, columns)
+                written[rnd] = write_round(out, record, columns)
+            # Reported after the row is on disk: a scheduler may stop the trial at this
+            # report (ASHA at its last round), and Tune does not wait for the rest of
+            # the function then. No Tune checkpoint: the trial's own file (above, same
+            # storage) is the one a restored or retried trial resumes from, and copying
+            # it again into Tune's storage cost 9 ms a round, more than a small trial's.
+            report(metrics_of(row))
 
         simulate(
             config,
@@ -438,6 +445,7 @@ def trial_body(
             run_name=trial_name,
             trial=trial_id,
         )
-        compact_trial(out, algorithm, epsilon, trial_id, written, final.get("table"))
+        if not folded:  # one file per trial (a run that ended before its last round)
+            compact_trial(out, algorithm, epsilon, trial_id, written)
 
     return body

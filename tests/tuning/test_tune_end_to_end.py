@@ -292,6 +292,20 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp
         load_rounds(crash_out).sort_values(["trial_index", "round"])[cols].reset_index(drop=True),
         frames["driver"][cols].reset_index(drop=True),
     )
+    # one runner per experiment: its trials are named by the runner that started it
+    with pytest.raises(ConfigError, match=r"^--runner tune: .* ran with --runner driver"):
+        run_tune(None, ["dp_fedavg"], [4.0], num_samples=3, out=out, smoke_test=True, resume=True)
+    with pytest.raises(ConfigError, match=r"^--runner driver: .* ran with --runner tune"):
+        run_tune(
+            None,
+            ["dp_fedavg"],
+            [4.0],
+            num_samples=3,
+            out=tmp_path / "tune",
+            smoke_test=True,
+            resume=True,
+            runner="driver",
+        )
     with pytest.raises(ConfigError, match=r"tune\.runner=driver .* --scheduler fifo"):
         run_tune(
             None,
@@ -304,3 +318,39 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp
         )
     with pytest.raises(ConfigError, match=r"^tune\.runner='elsewhere'"):
         run_tune(None, ["dp_fedavg"], [4.0], out=tmp_path / "y", runner="elsewhere")
+
+
+def test_asha_stopped_trials_keep_every_reported_round(ray_session, tmp_path) -> None:
+    """ASHA stops trials at their reports (at a rung, or at the last round, max_t), and
+    Tune does not wait for the rest of a stopped trial's function. A round is reported
+    only once its row is on disk, so every reported round of every trial is a row; the
+    rows of each trial are rounds 1..k without a gap (k can exceed the reports: a
+    stopped trial's thread may finish its next round before it ends), and the trials
+    table says k."""
+    import json
+
+    from tuning.experiment import run_tune
+
+    out = tmp_path / "asha"
+    table = run_tune(
+        None,
+        ["dp_fedavg"],
+        [4.0],
+        num_samples=6,
+        out=out,
+        smoke_test=True,
+        scheduler="asha",
+        overrides=["rounds=4"],
+    )
+    rows = load_rounds(out)
+    reported: dict[str, int] = {}
+    for path in (out / "tune").glob("*/*/result.json"):
+        lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
+        if lines:
+            reported[lines[-1]["trial_id"]] = len(lines)
+    assert len(reported) == 6 == len(table)
+    for trial_id, n in reported.items():
+        mine = list(rows.loc[rows["trial_id"] == trial_id, "round"])
+        assert len(mine) >= n and mine == list(range(1, len(mine) + 1)), (trial_id, n, mine)
+        done = table.loc[table["trial_id"] == trial_id, "rounds_done"]
+        assert list(done) == [len(mine)]
