@@ -265,18 +265,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tune.trial_executor={args.trial_executor}")
     rep["trial_executor"] = args.trial_executor
     driver_out = out.with_name(out.name + "-driver")
-    try:
-        t = time.perf_counter()
-        trials = run_tune(
+
+    def sweep(folder: Path, runner: str):
+        return run_tune(
             None,
             [ALGORITHM],
             [EPSILON],
             num_samples=args.trials,
-            out=out,
+            out=folder,
             smoke_test=True,
             overrides=overrides,
             trial_executor_choice=args.trial_executor,
+            runner=runner,
         )
+
+    try:
+        t = time.perf_counter()
+        trials = sweep(out, "tune")
         tune_s = time.perf_counter() - t
         tune_load = load_average()
     finally:
@@ -287,17 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     # --trial-executor ray, which starts one).
     try:
         t = time.perf_counter()
-        driver_trials = run_tune(
-            None,
-            [ALGORITHM],
-            [EPSILON],
-            num_samples=args.trials,
-            out=driver_out,
-            smoke_test=True,
-            overrides=overrides,
-            trial_executor_choice=args.trial_executor,
-            runner="driver",
-        )
+        driver_trials = sweep(driver_out, "driver")
         driver_s = time.perf_counter() - t
     finally:
         ray.shutdown()

@@ -51,17 +51,23 @@ BASE = {
 }
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {},
-        {"lr": 0.1, "clip_norm": 2, "ls_scope": "global"},
-        {"lr": "0.25", "clip_norm": None, "ls_scope": None, "ls_local": "fft"},
-        {"lr": True, "clip_norm": "not a number", "rho": math.inf, "ls_scope": math.nan},
-        {"beta": np.int64(3), "sigma_ls": np.float32(0.5), "ls_local": "x", "note": None},
-    ],
-    ids=["no-hyperparameters", "numbers", "strings-and-none", "odd-values", "numpy-scalars"],
-)
+#: Rows on top of BASE, by name: typed columns given numbers, text, None, odd values,
+#: numpy scalars.
+EXTRAS = {
+    "no-hyperparameters": {},
+    "numbers": {"lr": 0.1, "clip_norm": 2, "ls_scope": "global"},
+    "strings-and-none": {"lr": "0.25", "clip_norm": None, "ls_scope": None, "ls_local": "fft"},
+    "odd-values": {"lr": True, "clip_norm": "not a number", "rho": math.inf, "ls_scope": math.nan},
+    "numpy-scalars": {
+        "beta": np.int64(3),
+        "sigma_ls": np.float32(0.5),
+        "ls_local": "x",
+        "note": None,
+    },
+}
+
+
+@pytest.mark.parametrize("extra", list(EXTRAS.values()), ids=list(EXTRAS))
 def test_row_frame_equals_the_column_by_column_cast(extra, tmp_path) -> None:
     row = {**BASE, **extra}
     fast, ref = row_frame(row, COLUMNS), reference_frame(row, COLUMNS)
@@ -97,15 +103,8 @@ def _varied(row: dict, k: int) -> dict:
 
 @pytest.mark.parametrize(
     "extra",
-    [
-        {},
-        {"lr": 0.1, "clip_norm": 2, "ls_scope": "global"},
-        {"lr": "0.25", "clip_norm": None, "ls_scope": None, "ls_local": "fft"},
-        {"lr": True, "clip_norm": "not a number", "rho": math.inf, "ls_scope": math.nan},
-        {"beta": np.int64(3), "sigma_ls": np.float32(0.5), "ls_local": "x", "note": None},
-        {"shape": [1, 2], "names": ["a", "b"]},
-    ],
-    ids=["no-hyperparameters", "numbers", "strings-and-none", "odd-values", "numpy", "pandas-only"],
+    [*EXTRAS.values(), {"shape": [1, 2], "names": ["a", "b"]}],
+    ids=[*EXTRAS, "pandas-only"],
 )
 def test_row_table_equals_pandas_conversion(extra, tmp_path) -> None:
     """Every row of a layout (the first, which teaches the schema, and later ones with

@@ -203,25 +203,30 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     assert local == [{"CPU": sum(b["CPU"] for b in trial_bundles(one_cpu, 0.5))}]
 
 
-def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp_path) -> None:
+def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(
+    ray_session, tmp_path, monkeypatch
+) -> None:
     """``runner=driver`` runs the cell's trials one after another in this process,
     without Ray Tune: the same trials (sampled hyperparameters, seeds) with the same
     rows and trials table columns as under Tune. A resume leaves finished trials alone
     and re-runs only the one whose results were lost, to the same rows."""
+    import tuning.trial
     from engine.config import ConfigError
     from tuning.experiment import run_tune
 
-    cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon", "test_accuracy"]
-    frames, tables = {}, {}
-    for runner in ("tune", "driver"):
-        out = tmp_path / runner
-        tables[runner] = run_tune(
-            None, ["dp_fedavg"], [4.0], num_samples=3, out=out, smoke_test=True, runner=runner
+    def sweep(out, **kwargs):
+        return run_tune(
+            None, ["dp_fedavg"], [4.0], num_samples=3, out=out, smoke_test=True, **kwargs
         )
-        frames[runner] = load_rounds(out).sort_values(["trial_index", "round"])
-    pd.testing.assert_frame_equal(
-        frames["tune"][cols].reset_index(drop=True), frames["driver"][cols].reset_index(drop=True)
-    )
+
+    def rows(out) -> pd.DataFrame:
+        cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon"]
+        df = load_rounds(out).sort_values(["trial_index", "round"])
+        return df[[*cols, "test_accuracy"]].reset_index(drop=True)
+
+    tables = {runner: sweep(tmp_path / runner, runner=runner) for runner in ("tune", "driver")}
+    expected = rows(tmp_path / "tune")
+    pd.testing.assert_frame_equal(rows(tmp_path / "driver"), expected)
     assert list(tables["driver"].columns) == list(tables["tune"].columns)
     assert (tables["driver"]["status"] == "TERMINATED").all() and len(tables["driver"]) == 3
 
@@ -233,29 +238,15 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp
     lost = files[1]
     lost.unlink()  # trial 1's rows and checkpoint are gone: it runs again
     (out / "trial_checkpoints" / f"{lost.stem}.pkl").unlink()
-    again = run_tune(
-        None,
-        ["dp_fedavg"],
-        [4.0],
-        num_samples=3,
-        out=out,
-        smoke_test=True,
-        resume=True,
-        runner="driver",
-    )
+    again = sweep(out, resume=True, runner="driver")
     assert (again["status"] == "TERMINATED").all() and len(again) == 3
     assert all(f.stat().st_mtime_ns == kept[f] for f in files if f != lost)  # untouched
-    resumed = load_rounds(out).sort_values(["trial_index", "round"])
-    pd.testing.assert_frame_equal(
-        resumed[cols].reset_index(drop=True), frames["driver"][cols].reset_index(drop=True)
-    )
+    pd.testing.assert_frame_equal(rows(out), expected)
+
     # A failure after a trial's last checkpoint, in the write of its file: the runner's
     # clean-up folds its round files, and its last row is only in the checkpoint. A
     # resume sees the file lacks the last round, releases that row from the checkpoint
     # (nothing recomputed) and folds it in.
-    import tuning.trial
-
-    crash_out = tmp_path / "crash"
     real = tuning.trial.compact_trial
 
     def crash(*args, **kwargs):
@@ -263,61 +254,23 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(ray_session, tmp
             return real(*args, **kwargs)
         raise OSError("simulated failure writing the trial's file")
 
-    tuning.trial.compact_trial = crash
-    try:
-        failed = run_tune(
-            None,
-            ["dp_fedavg"],
-            [4.0],
-            num_samples=3,
-            out=crash_out,
-            smoke_test=True,
-            runner="driver",
-        )
-    finally:
-        tuning.trial.compact_trial = real
+    with monkeypatch.context() as m:
+        m.setattr(tuning.trial, "compact_trial", crash)
+        failed = sweep(tmp_path / "crash", runner="driver")
     assert (failed["status"] == "ERROR").all()
-    again = run_tune(
-        None,
-        ["dp_fedavg"],
-        [4.0],
-        num_samples=3,
-        out=crash_out,
-        smoke_test=True,
-        resume=True,
-        runner="driver",
-    )
+    again = sweep(tmp_path / "crash", resume=True, runner="driver")
     assert (again["status"] == "TERMINATED").all()
-    pd.testing.assert_frame_equal(
-        load_rounds(crash_out).sort_values(["trial_index", "round"])[cols].reset_index(drop=True),
-        frames["driver"][cols].reset_index(drop=True),
-    )
+    pd.testing.assert_frame_equal(rows(tmp_path / "crash"), expected)
+
     # one runner per experiment: its trials are named by the runner that started it
     with pytest.raises(ConfigError, match=r"^--runner tune: .* ran with --runner driver"):
-        run_tune(None, ["dp_fedavg"], [4.0], num_samples=3, out=out, smoke_test=True, resume=True)
+        sweep(out, resume=True)
     with pytest.raises(ConfigError, match=r"^--runner driver: .* ran with --runner tune"):
-        run_tune(
-            None,
-            ["dp_fedavg"],
-            [4.0],
-            num_samples=3,
-            out=tmp_path / "tune",
-            smoke_test=True,
-            resume=True,
-            runner="driver",
-        )
+        sweep(tmp_path / "tune", resume=True, runner="driver")
     with pytest.raises(ConfigError, match=r"tune\.runner=driver .* --scheduler fifo"):
-        run_tune(
-            None,
-            ["dp_fedavg"],
-            [4.0],
-            out=tmp_path / "x",
-            smoke_test=True,
-            scheduler="asha",
-            runner="driver",
-        )
+        sweep(tmp_path / "x", scheduler="asha", runner="driver")
     with pytest.raises(ConfigError, match=r"^tune\.runner='elsewhere'"):
-        run_tune(None, ["dp_fedavg"], [4.0], out=tmp_path / "y", runner="elsewhere")
+        sweep(tmp_path / "y", runner="elsewhere")
 
 
 def test_asha_stopped_trials_keep_every_reported_round(ray_session, tmp_path) -> None:
