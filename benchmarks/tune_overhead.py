@@ -16,11 +16,11 @@ at a time on 2 cores), ``dp_fedavg`` at ε = 8, random search over its default s
 is excluded; the sweep's figure is the wall time of the ``run_tune`` call (Tune's start,
 every trial, compaction of the results, the trials table).
 
-The same sweep then runs with ``--runner driver`` (``run_tune(..., runner="driver")``:
-the trials one after another in this process, no Ray Tune), timed the same way after
-Ray is shut down (its trials need none; the baseline runs without it too); the script
-prints both ratios and which runner was faster, and the sweep's verdict is the better
-one's.
+The same sweep also runs with ``--runner driver`` (``run_tune(..., runner="driver")``:
+the trials one after another in this process, no Ray Tune), timed the same way right
+after the baseline, with Ray shut down (its trials need none, and the baseline runs
+without it too); the script prints both ratios and which runner was faster, and the
+sweep's verdict is the better one's.
 
 The baseline runs the *same* trials — trial k's hyperparameters, drawn by
 ``tuning.spaces.sample`` from (seed, algorithm, ε, k), its own ``trial_seed``, the data
@@ -286,19 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         tune_load = load_average()
     finally:
         ray.shutdown()
-    # The same sweep with --runner driver: the trials one after another in this
-    # process, without Ray Tune (the other way the issue proposes). Its trials run
-    # in-process and need no Ray; like the baseline it runs with Ray shut down (unless
-    # --trial-executor ray, which starts one).
-    try:
-        t = time.perf_counter()
-        driver_trials = sweep(driver_out, "driver")
-        driver_s = time.perf_counter() - t
-    finally:
-        ray.shutdown()
     rep["tune_s"] = tune_s
     rep["tune_load"] = tune_load
-    rep["driver_load"] = load_average()
     rep["tune_statuses"] = {str(k): int(v) for k, v in trials["status"].value_counts().items()}
     timeline = tune_timeline(out)
     rep["timeline"] = {k: v for k, v in timeline.items() if k != "trials"}
@@ -327,6 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     rep["in_process_median_trial_s"] = statistics.median(r["seconds"] for r in local)
     rep["in_process_first_trial_s"] = local[0]["seconds"]
     rep["in_process_load"] = load_average()
+    # The same sweep with --runner driver: the trials one after another in this
+    # process, without Ray Tune (the other way the issue proposes). Its trials need no
+    # Ray, so like the baseline (just before it) it runs with Ray shut down (unless
+    # --trial-executor ray, which starts one).
+    try:
+        t = time.perf_counter()
+        driver_trials = sweep(driver_out, "driver")
+        driver_s = time.perf_counter() - t
+    finally:
+        ray.shutdown()
+    rep["driver_load"] = load_average()
     print(
         f"in process, back to back (ray.executor=local): sum {local_sum:.2f} s over "
         f"{len(local)} trials (first {local[0]['seconds']:.2f} s, median "
