@@ -71,7 +71,7 @@ def trial_executor(choice: str, ray_cfg) -> str:
     ``tune.trial_executor`` for another value. Both executors give bit-identical
     results (``engine.executors``), so the choice is only about speed:
     ``benchmarks/tune_overhead.py`` measured a sweep of 32 smoke trials (1 worker) in
-    5.2-5.4 s under ``auto`` (330 s with actor trials, at load 4-8, before trial processes
+    4.8-5.3 s under ``auto`` (330 s with actor trials, at load 4-8, before trial processes
     were reused)."""
     if choice not in TRIAL_EXECUTORS:
         raise ConfigError(f"tune.trial_executor={choice!r}: must be {', '.join(TRIAL_EXECUTORS)}")
