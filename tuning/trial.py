@@ -219,7 +219,8 @@ def compact_trial(
     folder.mkdir(parents=True, exist_ok=True)
     known = written or {}
     tmp = folder / f".{target.name}.tmp"
-    rounds = [int(p.stem.rsplit("-round", 1)[1]) for p in parts]
+    round_of = {p: int(p.stem.rsplit("-round", 1)[1]) for p in parts}
+    rounds = list(round_of.values())
     tables = [known.get(r) for r in rounds]
     if last is not None:
         rounds.append(int(last.column("round")[0].as_py()))
@@ -240,7 +241,7 @@ def compact_trial(
     else:
 
         def rows_of(p: Path) -> pd.DataFrame:
-            rnd = int(p.stem.rsplit("-round", 1)[1]) if p != target else None
+            rnd = round_of.get(p)  # None for an earlier compacted file
             return known[rnd].to_pandas() if rnd in known else pd.read_parquet(p)
 
         frames = [rows_of(p) for p in sources] + ([last.to_pandas()] if last is not None else [])
@@ -386,6 +387,7 @@ def trial_body(
         own = trial_checkpoint_path(out, trial_id)
         resume = pickle.loads(own.read_bytes()) if own.exists() else None
         names = column_names(list(hps))
+        hp_columns = {names[k]: v for k, v in hps.items()}  # the same in every row
         last_acc = {"value": math.nan}
 
         def on_checkpoint(state: dict, row: dict) -> None:
@@ -415,7 +417,6 @@ def trial_body(
         folded: list[bool] = []
 
         def on_round(row: dict, executor) -> None:
-            hp_columns = {names[k]: v for k, v in hps.items()}
             record = round_record(row, event_columns, trial_id, hp_columns)
             rnd = int(record["round"])
             if rnd == config.rounds:
