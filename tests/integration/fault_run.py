@@ -1,7 +1,11 @@
 """Run twice in a fresh local Ray: uninterrupted, then with one client-worker SIGKILLed
-mid-round (found through Ray's state API). Prints one JSON line with both results.
+mid-round (found through Ray's state API). Writes the outcomes as JSON to
+``OUT_DIR/result.json``.
 
-Used by ``test_fault_tolerance.py`` as a subprocess: the state API needs the
+The outcomes go to a file, not to stdout: Ray's driver thread that relays raylet errors
+(``(raylet) A worker died ...``) prints to stdout too, and a print from one thread can
+land between another thread's text and its newline, so a stdout line is no reliable
+carrier. Used by ``test_fault_tolerance.py`` as a subprocess: the state API needs the
 dashboard, which the test session's shared Ray instance runs without.
 """
 
@@ -106,7 +110,7 @@ def run(
 
 
 def main() -> None:
-    """argv: OUT_DIR algorithm:restarts:kills:target ... — one JSON line of outcomes."""
+    """argv: OUT_DIR algorithm:restarts:kills:target ... — outcomes to OUT_DIR/result.json."""
     ctx = ray.init(
         address="local",
         num_cpus=2,
@@ -121,7 +125,12 @@ def main() -> None:
         algorithm, restarts, kills, target = spec.split(":")
         out = f"{out_dir}/run{k}"
         results[spec] = run(algorithm, int(restarts), int(kills), target, f"run{k}", address, out)
-    print("RESULT " + json.dumps(results))
+    written = f"{out_dir}/result.json.partial"
+    with open(written, "w") as f:
+        json.dump(results, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(written, f"{out_dir}/result.json")  # the file exists only when complete
     ray.shutdown()
 
 

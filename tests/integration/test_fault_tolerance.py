@@ -44,9 +44,11 @@ def outcomes(tmp_path_factory) -> tuple[dict, Path]:
         text=True,
         timeout=900,
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :]), out
+    result = out / "result.json"
+    assert proc.returncode == 0 and result.exists(), (
+        f"exit {proc.returncode}\nstdout: {proc.stdout[-1500:]}\nstderr: {proc.stderr[-3000:]}"
+    )
+    return json.loads(result.read_text()), out
 
 
 def _same_values(a: list, b: list) -> bool:
