@@ -26,6 +26,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ALGS, EPS, SAMPLES = ["dp_fedavg", "fedsmp_randk"], [2.0, 8.0], 2
 
 
+def smoke_sweep(out: Path, num_samples: int, **kwargs) -> pd.DataFrame:
+    """``run_tune`` on one cell (dp_fedavg at ε = 4), smoke-test sizes; the trials table."""
+    from tuning.experiment import run_tune
+
+    return run_tune(
+        None, ["dp_fedavg"], [4.0], num_samples=num_samples, out=out, smoke_test=True, **kwargs
+    )
+
+
 def rows_on_disk(out: Path) -> int:
     """Rows in OUT/rounds while a sweep runs: one file per round, or one per trial once
     it ended (tuning.trial.compact_trial); a file compacted away while listed is retried."""
@@ -137,19 +146,8 @@ def test_interrupted_tune_resumes_without_duplicates(tmp_path) -> None:
 def test_papernot_steinke_tune_runs_the_drawn_number_and_releases_one(ray_session, tmp_path):
     import json
 
-    from tuning.experiment import run_tune
-
     out = tmp_path / "exp"
-    run_tune(
-        None,
-        ["dp_fedavg"],
-        [4.0],
-        num_samples=2,
-        out=out,
-        smoke_test=True,
-        tuning_privacy="truncated_negative_binomial",
-        tnb_shape=1.0,
-    )
+    smoke_sweep(out, 2, tuning_privacy="truncated_negative_binomial", tnb_shape=1.0)
     draws = json.loads((out / "unreleased" / "tuning_draws.json").read_text())
     k = draws["num_trials"]["dp_fedavg-eps4"]
     trials = load_trials(out)
@@ -169,20 +167,12 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     trials (same sampled hyperparameters and seeds) and give bit-identical rows to
     actor trials. ``auto`` picks local for one worker."""
     from engine.config import ConfigError, RayConfig
-    from tuning.experiment import run_tune, trial_bundles, trial_executor
+    from tuning.experiment import trial_bundles, trial_executor
 
     frames = {}
     for where in ("ray", "local"):
         out = tmp_path / where
-        run_tune(
-            None,
-            ["dp_fedavg"],
-            [4.0],
-            num_samples=2,
-            out=out,
-            smoke_test=True,
-            trial_executor_choice=where,
-        )
+        smoke_sweep(out, 2, trial_executor_choice=where)
         df = load_rounds(out).sort_values(["trial_index", "round"]).reset_index(drop=True)
         frames[where] = df
     cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon", "test_accuracy"]
@@ -212,12 +202,9 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(
     and re-runs only the one whose results were lost, to the same rows."""
     import tuning.trial
     from engine.config import ConfigError
-    from tuning.experiment import run_tune
 
     def sweep(out, **kwargs):
-        return run_tune(
-            None, ["dp_fedavg"], [4.0], num_samples=3, out=out, smoke_test=True, **kwargs
-        )
+        return smoke_sweep(out, 3, **kwargs)
 
     def rows(out) -> pd.DataFrame:
         cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon"]
@@ -282,19 +269,8 @@ def test_asha_stopped_trials_keep_every_reported_round(ray_session, tmp_path) ->
     table says k."""
     import json
 
-    from tuning.experiment import run_tune
-
     out = tmp_path / "asha"
-    table = run_tune(
-        None,
-        ["dp_fedavg"],
-        [4.0],
-        num_samples=6,
-        out=out,
-        smoke_test=True,
-        scheduler="asha",
-        overrides=["rounds=4"],
-    )
+    table = smoke_sweep(out, 6, scheduler="asha", overrides=["rounds=4"])
     rows = load_rounds(out)
     reported: dict[str, int] = {}
     for path in (out / "tune").glob("*/*/result.json"):
