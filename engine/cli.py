@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import errno
 import importlib.util
 import json
+import math
 import os
 import shutil
 import sys
@@ -197,6 +199,20 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
     ray_logger.propagate = False
     last_resort = logging.lastResort
     logging.lastResort = handler
+    # The raylet's warnings (e.g. "worker processes were started ...") reach the driver
+    # through a thread that prints them, coloured, to sys.stdout whatever log_to_driver
+    # says (ray._private.worker.listen_error_messages): they go to the log too.
+    import ray._private.worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+
+    def to_log(data: dict, *_: Any, **__: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # the log closed under the thread
+            for line in data.get("lines", []):
+                log.write(f"({data.get('pid', 'ray')}) {line}\n")
+
+    if printer is not None:
+        ray_worker.print_to_stdstream = to_log
     # Tune's new output engine prints an experiment box and TensorBoard hints to stdout
     # even at verbose=0; the legacy engine at verbose=0 prints nothing.
     quiet_env = {LOG_TO_DRIVER_ENV: "0", "RAY_AIR_NEW_OUTPUT": "0"}
@@ -213,6 +229,8 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
         ray_logger.handlers = handlers
         ray_logger.propagate = propagate
         logging.lastResort = last_resort
+        if printer is not None:
+            ray_worker.print_to_stdstream = printer
         sys.stderr.flush()
         os.dup2(console_fd, 2)
         if real:
@@ -263,6 +281,10 @@ class RunPlan:
     overwrite: bool = False
     resume: dict | None = None  # engine.simulate.load_run's state (--resume)
     dataset: Any = None  # the first seed's data, built while checking (reused)
+    #: --resume: engine.run_folder.check_run_folder's verdict ("continue", "complete",
+    #: "start"); its rows are those of a finished run for "complete".
+    resume_status: str | None = None
+    released: Any = None
 
 
 def _plan_run(args: argparse.Namespace) -> RunPlan:
@@ -273,7 +295,7 @@ def _plan_run(args: argparse.Namespace) -> RunPlan:
     from engine.simulate import prepare
 
     if args.resume:
-        from engine.simulate import load_run
+        from engine.run_folder import check_run_folder
 
         for flag, value in (
             ("--config/--set", args.config or args.set),
@@ -286,10 +308,21 @@ def _plan_run(args: argparse.Namespace) -> RunPlan:
                     f"--resume {args.resume}: continues a run with its saved config and "
                     f"folder; drop {flag}"
                 )
-        config, resume = load_run(args.resume)
+        # config.json, the checkpoint and every released row, before a byte is written
+        folder = check_run_folder(args.resume)
+        config = folder.config
         if args.executor:
             config = replace(config, **{"ray.executor": args.executor})
-        return RunPlan(config, Path(args.resume), [], resume=resume)
+        if folder.status != "complete" and config.ray.executor == "ray":
+            _check_resources(config)
+        return RunPlan(
+            config,
+            Path(args.resume),
+            [],
+            resume=folder.state,
+            resume_status=folder.status,
+            released=folder.rows,
+        )
 
     config = _load(args)
     _check_private([config.algorithm], args, config.recipe.private)
@@ -301,6 +334,8 @@ def _plan_run(args: argparse.Namespace) -> RunPlan:
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
     first = replace(config, seed=seeds[0]) if seeds else config
+    if config.ray.executor == "ray":
+        _check_resources(config)  # before the data is built or Ray started
     prep = prepare(first)  # every check that needs no training, before any folder exists
     return RunPlan(
         config,
@@ -319,7 +354,10 @@ def _execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
 
     config = plan.config
     uses_ray = config.ray.executor == "ray"
-    if plan.resume is not None:
+    if plan.resume_status == "complete":  # nothing to do, nothing rewritten
+        _print_complete(plan)
+        return 0
+    if plan.resume_status is not None:  # "continue" from the checkpoint, or "start"
         with _quiet_ray(plan.out, args.verbose, uses_ray):
             result = simulate(config, progress=not args.quiet, resume=plan.resume)
         _print_run(config, result)
@@ -357,6 +395,29 @@ def _execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     return _execute_run(_plan_run(args), args)
+
+
+def _print_complete(plan: RunPlan) -> None:
+    """A finished run given to --resume: its result as on disk; nothing is written."""
+    rows = plan.released
+    acc = rows["test_accuracy"].dropna() if "test_accuracy" in rows else rows.iloc[:0]
+    final = f"{float(acc.iloc[-1]):.4f}" if len(acc) else "nan"
+    eps = float(rows["epsilon"].iloc[-1]) if "epsilon" in rows and len(rows) else math.nan
+    print(
+        f"{plan.out}: already complete ({plan.config.rounds} of {plan.config.rounds} rounds, "
+        f"final test_accuracy={final}, epsilon={eps:.4g}); nothing was changed"
+    )
+
+
+def _check_resources(config: RunConfig, extra_cpus: float = 0.0) -> None:
+    """Workers x CPUs (and GPUs) per worker against what a local Ray would have, before
+    the data is built or Ray started (engine.resources.check_local_fit); skipped when
+    dpfl attaches to a cluster (ray.address or $RAY_ADDRESS), which is checked there."""
+    if config.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    from engine.resources import check_local_fit
+
+    check_local_fit(config.ray, extra_cpus)
 
 
 def _print_run(config: RunConfig, result) -> None:
@@ -482,6 +543,8 @@ def _compare(args: argparse.Namespace) -> int:
         _check_out(out, "--out", args.overwrite)
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
+    if config.ray.executor == "ray":
+        _check_resources(config)  # before any folder, data or Ray
     cmp.validate(cmp.plan(config, names, out, seeds, epsilons, variants))  # before any folder
     out = _claim_out(out, args.overwrite, default=not args.out)
     runs = cmp.plan(config, names, out, seeds, epsilons, variants)  # (a default name: suffix)
@@ -702,14 +765,58 @@ def _yaml_error(e: Exception, args: argparse.Namespace) -> str:
     return f"--config={source!r}: invalid YAML at{where}: {problem}"
 
 
+#: OSErrors of the file system that are the user's to fix (not dpfl's bugs).
+_FS_ERRORS = frozenset(
+    getattr(errno, name)
+    for name in ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "EFBIG", "ENOTDIR", "EISDIR")
+    if hasattr(errno, name)
+)
+
+
+def _os_error(e: OSError, args: argparse.Namespace) -> str | None:
+    """One line for a file-system error naming the path (read-only, permission, full
+    disk); None for any other OSError (raised as it is). A run stopped by a full disk
+    keeps its last checkpoint and rows (writes go through a temporary file), so the
+    line says how to continue it."""
+    if e.errno not in _FS_ERRORS or not e.filename:
+        return None
+    path = Path(str(e.filename))
+    line = f"{path}: {e.strerror or os.strerror(e.errno)}"
+    folder = next(
+        (p for p in (path, *path.parents) if (p / "checkpoint.pkl").is_file()),
+        None,
+    )
+    if e.errno in (getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)):
+        if folder is not None and args.command == "run":
+            line += (
+                f"; the run stopped at its last checkpoint: free space, then continue "
+                f"with dpfl run --resume {folder}"
+            )
+        elif args.command == "tune":
+            line += "; free space, then continue with dpfl tune --resume --out DIR"
+        else:
+            line += "; free space and run the command again"
+    else:
+        line += "; choose another --out folder or fix its permissions"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
+    from engine import timeline
+
+    timeline.mark("main")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(warnings, "_formatwarning_orig"):
         warnings._formatwarning_orig = warnings.formatwarning  # type: ignore[attr-defined]
+    from engine.executors import QUIET_ENV
+
+    quiet_before = os.environ.get(QUIET_ENV)
+    if getattr(args, "quiet", False):
+        os.environ[QUIET_ENV] = "1"  # read by ensure_ray: no dashboard line
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
@@ -721,9 +828,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dpfl: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        line = _os_error(e, args)
+        if line is None:
+            raise
+        print(f"dpfl: error: {line}", file=sys.stderr)
+        return 2
     except yaml.YAMLError as e:
         print(f"dpfl: error: {_yaml_error(e, args)}", file=sys.stderr)
         return 2
+    finally:
+        if quiet_before is None:
+            os.environ.pop(QUIET_ENV, None)
+        else:
+            os.environ[QUIET_ENV] = quiet_before
+        timeline.mark("command done")
+        timeline.dump()
 
 
 if __name__ == "__main__":  # pragma: no cover

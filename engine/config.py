@@ -284,6 +284,13 @@ class PrivacyConfig:
         if self.epsilon is None and self.noise_multiplier is None:
             object.__setattr__(self, "epsilon", DEFAULT_EPSILON)
         if self.epsilon is not None:
+            _check(
+                math.isfinite(self.epsilon) or self.epsilon < 0,
+                "privacy.epsilon",
+                self.epsilon,
+                "a private recipe needs a finite budget; for a run without privacy choose "
+                "a non-private recipe without the key, e.g. algorithm=fedavg (dpfl algorithms)",
+            )
             _check(self.epsilon > 0, "privacy.epsilon", self.epsilon, "must be > 0")
         if self.delta is not None:
             _check(0 < self.delta < 1, "privacy.delta", self.delta, "must be in (0, 1)")

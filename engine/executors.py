@@ -44,6 +44,10 @@ from engine.server import Server, ServerSpec, is_eval_round
 ACTOR_START_TIMEOUT_S = 180.0
 
 
+#: Set to "1" by ``dpfl ... -q``: the dashboard's address is not printed.
+QUIET_ENV = "DPFL_QUIET"
+
+
 def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float = 0.0) -> bool:
     """Start Ray (or attach to ``ray.address``) unless it is running; True if started.
 
@@ -70,6 +74,9 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     if address:
         kwargs["address"] = address
     else:
+        from engine.resources import check_local_fit
+
+        check_local_fit(ray_cfg, extra_cpus)  # no unbounded worker processes
         need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker + extra_cpus
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
         if include_dashboard is not None:
@@ -87,8 +94,8 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
             ) from None
         raise
     url = getattr(context, "dashboard_url", None)
-    if url:
-        print(f"Ray dashboard: http://{url}", file=sys.stderr)
+    if url and os.environ.get(QUIET_ENV) != "1":  # dpfl -q: no console line
+        print(f"Ray dashboard: http://{url}", file=sys.stderr, flush=True)
     return True
 
 

@@ -12,6 +12,7 @@ its CPU share (``torch.set_num_threads(max(1, floor(num_cpus_per_worker)))``).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +140,71 @@ def plan_gpu_share(ray_cfg, model_name: str, dataset, batch_size: int) -> tuple[
         "worker_peak_gib": m.worker_peak_bytes / 2**30,
         "workers_per_gpu": k,
     }
+
+
+#: A Ray that dpfl starts on this machine declares at most this many CPUs per core
+#: and starts at most this many worker processes per core. Ray's CPU counts are
+#: scheduling labels, so a little oversubscription lets e.g. two one-CPU workers and a
+#: Tune trial's 0.5-CPU head share 2 cores; without a bound, ``ray.num_workers=1000``
+#: on 2 cores declared 1000 CPUs and Ray started worker processes without end (89
+#: ``ray::IDLE`` at peak, load average 79, no round in 120 s).
+LOCAL_SLOTS_PER_CORE = 2
+
+
+def local_gpus() -> int:
+    """GPUs a local Ray would find (CUDA devices visible to this process)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0
+
+
+def check_local_fit(
+    ray_cfg, extra_cpus: float = 0.0, cores: int | None = None, gpus: int | None = None
+) -> None:
+    """Refuse, with one line saying what fits, a configuration a Ray started on this
+    machine cannot hold: ``ray.num_workers`` x ``ray.num_cpus_per_worker`` (plus
+    ``extra_cpus``, a Tune trial's own CPU) above :data:`LOCAL_SLOTS_PER_CORE` per core,
+    more worker processes than that, or ``ray.num_workers`` x ``ray.num_gpus_per_worker``
+    above the visible GPUs (``ray.gpu_packing=memory`` decides the share later, from
+    a measurement). ``cores``/``gpus``: this machine's, unless given (tests).
+
+    Raises ConfigError. An attached cluster (``ray.address``) is not checked here: its
+    nodes may be added by an autoscaler, and the workers' start waits for them up to
+    ``engine.executors.ACTOR_START_TIMEOUT_S``, then fails naming the resources."""
+    from engine.config import ConfigError
+
+    cores = int(cores if cores is not None else (os.cpu_count() or 1))
+    slots = LOCAL_SLOTS_PER_CORE * cores
+    n, per = int(ray_cfg.num_workers), float(ray_cfg.num_cpus_per_worker)
+    need = n * per + extra_cpus
+    fit = int(min(slots, math.floor(max(0.0, slots - extra_cpus) / per + 1e-9)))
+    if need > slots + 1e-9 or n > slots:
+        head = f" + {extra_cpus:g} for the trial" if extra_cpus else ""
+        what = (
+            f"at most {fit} workers of {per:g} CPU fit"
+            if fit >= 1
+            else f"not one worker of {per:g} CPU fits: lower ray.num_cpus_per_worker"
+        )
+        raise ConfigError(
+            f"ray.num_workers={n} x ray.num_cpus_per_worker={per:g} needs {need:g} CPUs"
+            f"{head}, but a local Ray on this machine's {cores} cores runs at most {slots} "
+            f"({LOCAL_SLOTS_PER_CORE} per core): {what}; lower ray.num_workers, or attach "
+            "to a larger cluster with ray.address"
+        )
+    share = float(ray_cfg.num_gpus_per_worker)
+    if share > 0 and ray_cfg.gpu_packing != "memory":
+        have = local_gpus() if gpus is None else int(gpus)
+        if n * share > have + 1e-9:
+            fits = int(math.floor(have / share + 1e-9))
+            raise ConfigError(
+                f"ray.num_workers={n} x ray.num_gpus_per_worker={share:g} needs "
+                f"{n * share:g} GPUs, but this machine has {have}: "
+                + (
+                    f"at most {fits} workers of {share:g} GPU fit"
+                    if fits
+                    else "set ray.num_gpus_per_worker=0 (CPU workers)"
+                )
+            )

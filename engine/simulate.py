@@ -306,29 +306,27 @@ def save_checkpoint(out_dir: Path, state: dict) -> None:
     import os
     import pickle
 
+    from engine.results import writing
+
     path = Path(out_dir) / CHECKPOINT_FILE
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(pickle.dumps(state))
-    os.replace(tmp, path)
+    with writing(path, tmp):  # a full disk: one error naming the file, the old one kept
+        tmp.write_bytes(pickle.dumps(state))
+        os.replace(tmp, path)
 
 
 def load_run(out_dir: str | Path) -> tuple[RunConfig, dict]:
     """(config, checkpoint) of an interrupted ``dpfl run`` whose results are in
-    ``out_dir``; raises ConfigError naming the missing file."""
-    import json
-    import pickle
+    ``out_dir``, after :func:`engine.run_folder.check_run_folder` checked the config,
+    the checkpoint and every released row; raises ConfigError naming the missing or
+    damaged file."""
+    from engine.run_folder import check_run_folder
 
-    from engine.config import config_from_dict, replace
-
-    out = Path(out_dir)
-    for name in ("config.json", CHECKPOINT_FILE):
-        if not (out / name).exists():
-            raise ConfigError(
-                f"--resume {out}: {out / name} is missing (expected the folder of a dpfl run)"
-            )
-    config = config_from_dict(json.loads((out / "config.json").read_text())["config"])
-    state = pickle.loads((out / CHECKPOINT_FILE).read_bytes())
-    return replace(config, out=str(out)), state
+    folder = check_run_folder(out_dir)
+    if folder.state is None:
+        path = Path(out_dir) / CHECKPOINT_FILE
+        raise ConfigError(f"--resume {out_dir}: {path} is missing (no round has ended)")
+    return folder.config, folder.state
 
 
 def simulate(
@@ -421,15 +419,15 @@ def simulate(
     pending = (resume or {}).get("row")
     if pending is not None and int(pending["round"]) != done:
         pending = None
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=config.rounds, desc=config.algorithm, unit="round")
     state_dir = None
     if config.algo.client_state == "disk":
         state_dir = str((out_dir if write else Path(tempfile.mkdtemp())) / "client_state")
     executor = make_executor(prep, run_name=run_name, state_dir=state_dir)
+    bar = None
+    if progress:  # after the executor: Ray's start-up lines do not land on the bar's line
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.rounds, desc=config.algorithm, unit="round")
     metrics = RunMetrics(run_name, trial, config.algorithm)
     t0 = time.perf_counter()
     last_acc = math.nan
