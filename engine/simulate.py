@@ -28,7 +28,7 @@ from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
 from engine.data import FederatedDataset, build_dataset, check_dataset_files
 from engine.executors import Executor, local_executor, ray_executor
-from engine.metrics import RunMetrics
+from engine.metrics import RunMetrics, run_label
 from engine.models import build_model
 from engine.privacy.accounting import (
     MAX_DELTA_TIMES_N,
@@ -422,6 +422,8 @@ def simulate(
     state_dir = None
     if config.algo.client_state == "disk":
         state_dir = str((out_dir if write else Path(tempfile.mkdtemp())) / "client_state")
+    if run_name == "dpfl" and write:  # dpfl run: actors and metrics name the folder
+        run_name = run_label(out_dir)
     executor = make_executor(prep, run_name=run_name, state_dir=state_dir)
     bar = None
     if progress:  # after the executor: Ray's start-up lines do not land on the bar's line

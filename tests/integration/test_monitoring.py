@@ -1,0 +1,168 @@
+"""Watching runs the way a user does: Prometheus scraping a local Ray, and the dashboard's
+own HTTP API (:mod:`cluster.monitoring`).
+
+A local Ray head of our own (:class:`cluster.monitoring.LocalRayHead`: free ports, its
+own temporary folder) serves ``dpfl run`` and ``dpfl tune`` processes that attach to it,
+exactly as a user's commands attach with ``--set ray.address=...``. The Prometheus test
+needs the ``prometheus`` binary (Debian's package) and is skipped without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cluster import monitoring
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Ray's metrics pipeline, sped up for the test: workers report every second
+#: (default 10 s), Prometheus scrapes every second.
+FAST_METRICS = {"RAY_metrics_report_interval_ms": "1000"}
+RUN_KEYS = [
+    "dataset.num_clients=40",
+    "dataset.synthetic_mean_samples=20",
+    "dataset.synthetic_dim=12",
+    "ray.executor=ray",
+    "ray.num_workers=1",
+    "ray.num_cpus_per_worker=1",
+    "eval.every=1",
+    "local.batch_size=8",
+]
+
+
+@pytest.fixture(scope="module")
+def head():
+    with monitoring.LocalRayHead(num_cpus=3, env=FAST_METRICS) as h:
+        yield h
+
+
+def _dpfl(head: monitoring.LocalRayHead, *args: str) -> list[str]:
+    return [sys.executable, "-m", "engine.cli", *args, "--set", f"ray.address={head.gcs_address}"]
+
+
+def _env(head: monitoring.LocalRayHead) -> dict[str, str]:
+    return {**os.environ, **head.client_env(), **FAST_METRICS, "PYTHONPATH": str(ROOT)}
+
+
+def _sets(keys: list[str]) -> list[str]:
+    return [a for k in keys for a in ("--set", k)]
+
+
+def _wait_for(check, timeout: float, what: str):
+    """Poll ``check()`` until it returns a truthy value (returned) or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last})")
+
+
+def _series(url: str, metric: str, **labels: str) -> dict[tuple[str, str], float]:
+    """(run, trial) -> the last value of ``metric`` seen in the last 10 minutes (series of
+    finished processes included: Prometheus marks them stale, ``last_over_time`` keeps
+    their last sample)."""
+    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    out: dict[tuple[str, str], float] = {}
+    for s in monitoring.query(url, f"last_over_time({metric}{{{sel}}}[10m])"):
+        key = (s["metric"].get("run", ""), s["metric"].get("trial", ""))
+        out[key] = max(out.get(key, float("-inf")), s["value"])
+    return out
+
+
+@pytest.mark.skipif(
+    monitoring.find_prometheus() is None,
+    reason="needs the prometheus binary (Debian package `prometheus`, or $PROMETHEUS)",
+)
+def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> None:
+    """A short ``dpfl run`` and a 4-trial ``dpfl tune``: Prometheus, pointed at the Ray
+    session's service-discovery file, holds per (run, trial) the rounds written and the
+    last ε of the Parquet rows, tagged with run, trial and algorithm."""
+    sd = monitoring.discovery_file(head.session_dir)
+    port = monitoring.free_port()
+    prom = monitoring.start_prometheus(sd, tmp_path / "prom", port, scrape_interval="1s")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        run_out = tmp_path / "run"
+        run = subprocess.run(
+            _dpfl(head, "run", "-q", "--out", str(run_out), *_sets([*RUN_KEYS, "rounds=4"])),
+            env=_env(head),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        tune_out = tmp_path / "tune"
+        tune = subprocess.run(
+            _dpfl(
+                head,
+                "tune",
+                "--algorithms",
+                "dp_fedavg",
+                "--epsilons",
+                "4",
+                "--num-samples",
+                "4",
+                "--smoke-test",
+                "--out",
+                str(tune_out),
+            ),
+            env=_env(head),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert tune.returncode == 0, tune.stderr[-2000:]
+
+        rows = pd.read_parquet(run_out / "rounds.parquet")
+        from tuning.report import load_rounds
+
+        trial_rows = load_rounds(tune_out)
+        expected_rounds = {"run": len(rows)}
+        expected_rounds.update(trial_rows.groupby("trial_id").size().to_dict())
+
+        def counted() -> dict[tuple[str, str], float] | None:
+            got = _series(url, "ray_dpfl_rounds_completed_total")
+            by_trial = {t or "run": v for (_, t), v in got.items()}
+            return got if by_trial == expected_rounds else None
+
+        rounds = _wait_for(counted, 60, f"ray_dpfl_rounds_completed_total = {expected_rounds}")
+        eps = _series(url, "ray_dpfl_epsilon_spent")
+        algos = {
+            (s["metric"].get("run", ""), s["metric"].get("trial", "")): s["metric"]["algorithm"]
+            for s in monitoring.query(url, "last_over_time(ray_dpfl_epsilon_spent[10m])")
+        }
+        # The run: one (run, trial="") series whose run tag names the results folder.
+        (run_key,) = [k for k in rounds if k[1] == ""]
+        assert run_out.name in run_key[0]
+        assert rounds[run_key] == len(rows)
+        assert eps[run_key] == pytest.approx(float(rows["epsilon"].iloc[-1]), rel=1e-12)
+        assert algos[run_key] == "dp_fedavg"
+        # The sweep: one series per trial, tagged by its trial id; run = Tune's trial name.
+        trial_keys = {k[1]: k for k in rounds if k[1]}
+        assert set(trial_keys) == set(trial_rows["trial_id"]) and len(trial_keys) == 4
+        for tid, g in trial_rows.groupby("trial_id"):
+            key = trial_keys[tid]
+            assert tid in key[0]  # the run tag is the trial's name, which holds its id
+            assert rounds[key] == len(g)
+            assert eps[key] == pytest.approx(float(g["epsilon"].iloc[-1]), rel=1e-12)
+            assert algos[key] == "dp_fedavg"
+        print("queried Prometheus vs Parquet:")
+        for key in sorted(rounds):
+            tid = key[1]
+            ref = rows if not tid else trial_rows[trial_rows["trial_id"] == tid]
+            print(
+                f"  run={key[0]} trial={tid or '-'}: rounds {rounds[key]:g} vs {len(ref)}; "
+                f"epsilon {eps[key]!r} vs {float(ref['epsilon'].iloc[-1])!r}"
+            )
+    finally:
+        monitoring.stop_process(prom)
