@@ -297,6 +297,10 @@ class LocalRayHead:
         except subprocess.TimeoutExpired:
             stop_process(self.proc)
         self.proc = None
+        if self.temp_dir:
+            import shutil
+
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalRayHead:
         return self.start()

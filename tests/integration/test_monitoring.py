@@ -166,3 +166,37 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
             )
     finally:
         monitoring.stop_process(prom)
+
+
+def test_dashboard_lists_the_runs_actors_by_name_while_it_runs(head, tmp_path: Path) -> None:
+    """While a ``dpfl run`` on Ray is going, the dashboard's own API (what its Actors and
+    Jobs pages show) lists its workers and server, named after its results folder, and
+    the driver's job with the command line."""
+    out = tmp_path / "watched"
+    keys = [*RUN_KEYS, "ray.num_workers=2", "ray.server=actor", "rounds=400"]
+    keys = [k for k in keys if k != "ray.num_workers=1"]
+    log = open(tmp_path / "run.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        _dpfl(head, "run", "-q", "--out", str(out), *_sets(keys)),
+        env=_env(head),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    prefix = f"dpfl-{out.name}"
+    wanted = {f"{prefix}:client-worker-0", f"{prefix}:client-worker-1", f"{prefix}:server"}
+    try:
+
+        def alive() -> dict[str, str] | None:
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended first: {(tmp_path / 'run.log').read_text()}")
+            names = monitoring.actor_names(head.dashboard_url)
+            return names if all(names.get(n) == "ALIVE" for n in wanted) else None
+
+        names = _wait_for(alive, 180, f"actors {sorted(wanted)} ALIVE")
+        assert wanted <= set(names)
+        jobs = monitoring.dashboard_get(head.dashboard_url, "/api/jobs/")
+        running = [j for j in jobs if j.get("status") == "RUNNING" and str(out) in j["entrypoint"]]
+        assert len(running) == 1, jobs
+    finally:
+        monitoring.stop_process(proc)
+        log.close()
