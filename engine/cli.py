@@ -140,7 +140,9 @@ def _claim_out(path: Path, overwrite: bool, default: bool) -> Path:
 
 
 @contextlib.contextmanager
-def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None]:
+def _quiet_ray(
+    out: Path, verbose: bool, uses_ray: bool = True, defer: bool = False
+) -> Iterator[None]:
     """Send Ray's console output to ``out/ray.log`` (unless ``verbose``).
 
     Ray writes to the console three ways: Python log records (the ``ray`` logger, e.g.
@@ -151,7 +153,9 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
     ``sys.stderr`` (progress bars, warnings, errors) keeps the console, and the third
     is turned off (:data:`LOG_TO_DRIVER_ENV`; workers' output stays in Ray's session
     logs). When ``out`` does not exist yet, the log is kept in a temporary file and
-    appended to ``out/ray.log`` when the command ends, if ``out`` then exists.
+    appended to ``out/ray.log`` when the command ends, if ``out`` then exists; so it is
+    with ``defer`` (a resume whose checks run inside), and a command refused with a
+    ConfigError then leaves ``out`` untouched.
     """
     if verbose or not uses_ray:
         yield
@@ -162,7 +166,8 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
     import ray  # noqa: F401 - its logger exists before it is redirected
 
     tmp = None
-    if out.is_dir():
+    refused = False
+    if out.is_dir() and not defer:
         log = open(out / RAY_LOG, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     else:
         fd, tmp = tempfile.mkstemp(prefix="dpfl-ray-", suffix=".log")
@@ -220,6 +225,9 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
     os.environ.update(quiet_env)
     try:
         yield
+    except ConfigError:
+        refused = True
+        raise
     finally:
         for k, v in env_before.items():
             if v is None:
@@ -238,7 +246,7 @@ def _quiet_ray(out: Path, verbose: bool, uses_ray: bool = True) -> Iterator[None
         os.close(console_fd)
         log.close()
         if tmp is not None:
-            if out.is_dir():
+            if out.is_dir() and not (refused and defer):
                 with (
                     open(tmp, encoding="utf-8") as src,
                     open(out / RAY_LOG, "a", encoding="utf-8") as dst,
@@ -621,7 +629,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     owns_ray = not ray.is_initialized()  # a caller's Ray (a notebook, a test) stays up
     try:
-        with _quiet_ray(out, args.verbose):
+        with _quiet_ray(out, args.verbose, defer=args.resume):
             try:
                 trials = run_tune(
                     args.config,

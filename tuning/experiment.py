@@ -39,8 +39,15 @@ from engine.config import (
     with_algorithm,
 )
 from engine.executors import ensure_ray
+from engine.results import write_json
 from tuning import selection
 from tuning.spaces import space_for, to_tune
+from tuning.sweep_folder import (
+    EXPERIMENT_FILE,
+    check_sweep_folder,
+    experiment_record,
+    read_runner,
+)
 from tuning.trial import column_names, compact_cell, make_trainable, rounds_dir, trial_body
 
 SMOKE = {
@@ -420,7 +427,7 @@ def run_tune(
         )
     marker = out / "tune" / RUNNER_FILE
     if resume:  # one runner per experiment: the two name their trials differently
-        before = marker.read_text().strip() if marker.exists() else "tune"
+        before = read_runner(out, RUNNERS, marker) or runner
         if before != runner:
             raise ConfigError(
                 f"--runner {runner}: the experiment in {str(out)!r} ran with --runner "
@@ -454,6 +461,28 @@ def run_tune(
                     config, a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
                 )
             )
+    record = experiment_record(
+        config.to_dict(),
+        {
+            "algorithms": list(algorithms),
+            "epsilons": [float(e) for e in epsilons],
+            "num_samples": num_samples,
+            "search": search,
+            "scheduler": scheduler,
+            "tuning_privacy": tuning_privacy,
+            "tnb_shape": float(tnb_shape),
+            "runner": runner,
+            "space": tune_section.get("space"),
+        },
+    )
+    if resume:  # every file the sweep continues from, before anything is written
+        check_sweep_folder(
+            out,
+            rounds=config.rounds,
+            record=record,
+            papernot_steinke=selection.is_papernot_steinke(tuning_privacy),
+            secure=bool(config.privacy.secure_noise),
+        )
     head = float(tune_section.get("head_cpus", HEAD_CPUS))
     if runner == "tune" or config.ray.executor == "ray":
         ensure_ray(config.ray, extra_cpus=head)
@@ -475,6 +504,7 @@ def run_tune(
 
     marker.parent.mkdir(exist_ok=True)  # out/tune marks the experiment (dpfl tune --resume)
     marker.write_text(runner + "\n")
+    write_json(out / "tune" / EXPERIMENT_FILE, record)  # what a --resume must match
 
     def new_tuner(trainable, space: dict, name: str):
         own = search == "random"
@@ -541,7 +571,13 @@ def run_tune(
                 )
             else:
                 # A fresh start: rows left by an attempt that cannot be restored belong
-                # to trials that will not continue; remove them so none is half-done.
+                # to trials that will not continue; remove them (and those trials'
+                # checkpoints) so none is half-done.
+                from tuning.trial import trial_checkpoint_path
+
+                for left in rounds_dir(out, a, e).glob("*.parquet"):
+                    stale = trial_checkpoint_path(out, left.stem.rsplit("-round", 1)[0])
+                    stale.unlink(missing_ok=True)
                 shutil.rmtree(rounds_dir(out, a, e), ignore_errors=True)
                 shutil.rmtree(path, ignore_errors=True)
                 shutil.rmtree(out / "tune" / f"{name}-rest", ignore_errors=True)
