@@ -73,6 +73,21 @@ CASES = {
     "run resume not a run": (["run", "--resume", "cmp"], ["cmp", "config.json"]),
     "run overwrite without out": (["run", *SMALL, "--overwrite"], ["--overwrite", "--out"]),
     "run unreachable budget": (["run", "--set", "privacy.epsilon=1e-9"], ["epsilon"]),
+    # an infinite or NaN budget is no private run: a non-private recipe is
+    "run infinite budget": (
+        ["run", "--set", "privacy.epsilon=inf"],
+        ["privacy.epsilon=inf", "non-private recipe", "algorithm=fedavg"],
+    ),
+    "run NaN budget": (["run", "--set", "privacy.epsilon=nan"], ["privacy.epsilon=nan", "fedavg"]),
+    # a local Ray is never asked for more worker processes than the cores hold
+    "run too many workers": (
+        ["run", "--set", "ray.num_workers=1000"],
+        ["ray.num_workers=1000", "needs 1000 CPUs", "at most"],
+    ),
+    "run tiny workers, too many processes": (
+        ["run", "--set", "ray.num_workers=1000", "--set", "ray.num_cpus_per_worker=0.001"],
+        ["ray.num_workers=1000", "at most"],
+    ),
     # compare
     "compare unknown algorithm": (["compare", "--algorithms", "nope"], ["nope"]),
     "compare yaml syntax": (["compare", "--config", "bad.yaml"], ["bad.yaml", "line 2"]),
@@ -82,6 +97,11 @@ CASES = {
         ["dataset"],
     ),
     "compare bad seeds": (["compare", *SMALL, "--seeds", "-1"], ["--seeds='-1'"]),
+    "compare too many workers": (
+        ["compare", "-a", "dp_fedavg", "--set", "ray.num_workers=1000", "--out", "c2"],
+        ["ray.num_workers=1000", "at most"],
+    ),
+    "compare infinite budget": (["compare", "--epsilons", "inf"], ["privacy.epsilon=inf"]),
     # tune
     "tune out exists": (["tune", "--out", "old"], ["old", "--resume", "--overwrite"]),
     "tune resume nothing": (["tune", "--resume", "--out", "nothere"], ["nothere"]),
@@ -97,6 +117,11 @@ CASES = {
     "tune yaml syntax": (["tune", "--config", "bad.yaml", "--out", "t"], ["bad.yaml", "line 2"]),
     "tune unknown tune key": (["tune", "--config", "badtune.yaml", "--out", "t"], ["spaces"]),
     "tune unknown config key": (["tune", "--set", "foo=1", "--out", "t"], ["foo"]),
+    "tune infinite budget": (["tune", "--epsilons", "inf", "--out", "t"], ["epsilon", "inf"]),
+    "tune too many workers": (
+        ["tune", "--set", "ray.num_workers=1000", "--out", "t"],
+        ["ray.num_workers=1000"],
+    ),
     # a default folder is claimed before the experiment's own checks, and removed again
     "tune unknown key, default folder": (["tune", "--set", "foo=1"], ["foo"]),
     "tune unknown tune key, default folder": (["tune", "--config", "badtune.yaml"], ["spaces"]),
