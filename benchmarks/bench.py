@@ -116,7 +116,6 @@ from engine.config import load_config  # noqa: E402
 from engine.data import build_dataset  # noqa: E402
 from engine.data.federated import FederatedDataset  # noqa: E402
 from engine.models import build_model  # noqa: E402
-from engine.simulate import SimulationResult, simulate  # noqa: E402
 
 ACCURACY_TOLERANCE = 0.03
 TARGET_RATIO = 0.75  # cnn on 2 CPU workers
@@ -294,10 +293,11 @@ def quick_variant(w: Workload) -> Workload:
     return dataclasses.replace(w, **small)
 
 
-def make_template_data(w: Workload) -> FederatedDataset:
+def make_template_data(w: Workload, sizes_given: np.ndarray | None = None) -> FederatedDataset:
     """Learnable image data: per-class smooth random templates, a random shift of up to
     2 pixels, per-example contrast and pixel noise; IID clients with 0.5–1.5× the mean
-    number of examples; a separate test set. Deterministic in ``w.seed``."""
+    number of examples (or ``sizes_given``); a separate test set. Deterministic in
+    ``w.seed``."""
     rng = numpy_stream(w.seed, DATA)
     c, h, wd = w.input_shape
     coarse = rng.normal(0.0, 1.0, (w.num_classes, c, max(2, h // 4), max(2, wd // 4)))
@@ -306,6 +306,8 @@ def make_template_data(w: Workload) -> FederatedDataset:
     ry, rx = -(-h // coarse.shape[2]), -(-wd // coarse.shape[3])
     templates = np.kron(coarse, np.ones((1, 1, ry, rx)))[:, :, :h, :wd]
     sizes = rng.integers(w.mean_samples // 2, w.mean_samples * 3 // 2 + 1, w.num_clients)
+    if sizes_given is not None:  # drawn above all the same: the stream is unchanged
+        sizes = np.asarray(sizes_given, dtype=np.int64)
     n_train = int(sizes.sum())
 
     def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -477,97 +479,192 @@ class LastRoundSampler:
 
 
 # --------------------------------------------------------------------------- plain loop
-def get_flat(params: list[torch.Tensor]) -> torch.Tensor:
-    """A new vector holding ``params``."""
-    return torch.cat([p.detach().reshape(-1) for p in params]).clone()
+def plain_layout(model: nn.Module, device: torch.device, requested: str = "auto") -> str:
+    """The plain loop's memory layout: ``auto`` is the faster one on this hardware,
+    ``channels_last`` for a model with 2-d convolutions on the CPU (cnn step ~8.7 →
+    ~7.4 ms on the 2-core CPU), else contiguous; or the layout given."""
+    if requested != "auto":
+        return requested
+    has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    return "channels_last" if has_conv and device.type == "cpu" else "contiguous"
 
 
-def set_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy ``flat`` into ``params``."""
-    offset = 0
-    with torch.no_grad():
+class FlatModel:
+    """A model whose trainable parameters are views of one flat float32 vector and
+    whose gradients are views of another, each view with its parameter's strides (so
+    a ``channels_last`` weight stays ``channels_last``). One SGD step is then one
+    ``add_`` over the flat vectors, a client's update and its clip one flat
+    subtraction and one reduction. ``logical`` maps flat positions to the model's
+    logical parameter order (``p.reshape(-1)`` concatenated), in which noise is drawn
+    and weights are compared."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.dim = sum(p.numel() for p in params)
+        self.flat = torch.empty(self.dim, device=device)
+        self.grad = torch.zeros(self.dim, device=device)
+        logical = torch.empty(self.dim, dtype=torch.int64, device=device)
+        offset = 0
         for p in params:
-            k = p.numel()
-            p.copy_(flat[offset : offset + k].view_as(p))
-            offset += k
+            n = p.numel()
+            dense = p.is_contiguous() or p.is_contiguous(memory_format=torch.channels_last)
+            if not dense:  # pragma: no cover - every model of the zoo is dense
+                raise ValueError("a parameter that is not dense cannot be a flat view")
+            view = self.flat.as_strided(p.shape, p.stride(), offset)
+            view.copy_(p.detach())
+            logical.as_strided(p.shape, p.stride(), offset).copy_(
+                torch.arange(offset, offset + n, device=device).view(p.shape)
+            )
+            p.data = view
+            p.grad = self.grad.as_strided(p.shape, p.stride(), offset)
+            offset += n
+        self.params = params
+        self.logical = logical
+
+    def logical_weights(self) -> torch.Tensor:
+        """The parameters in logical order (what ``engine.worker_model.flatten_params``
+        gives), as a new vector."""
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
 
 
 @torch.no_grad()
-def plain_accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device) -> float:
-    """Top-1 accuracy on (x, y) in batches of 2048."""
+def plain_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> float:
+    """Top-1 accuracy on (x, y), batched, under ``no_grad``."""
     model.eval()
     correct = 0
-    for s in range(0, len(y), 2048):
-        xb = torch.from_numpy(np.ascontiguousarray(x[s : s + 2048])).to(device)
-        yb = torch.from_numpy(np.ascontiguousarray(y[s : s + 2048])).to(device)
-        correct += int((model(xb).argmax(1) == yb).sum())
+    for s in range(0, len(y), batch):
+        correct += int((model(x[s : s + batch]).argmax(1) == y[s : s + batch]).sum())
     model.train()
     return correct / len(y) if len(y) else math.nan
 
 
-def run_plain(w: Workload, ds: FederatedDataset, device: torch.device) -> dict[str, Any]:
-    """DP-FedAvg in this process with one torch thread; returns the measurements."""
+def run_plain(
+    w: Workload,
+    ds: FederatedDataset,
+    device: torch.device,
+    layout: str = "auto",
+    record_rounds: int = 0,
+) -> dict[str, Any]:
+    """DP-FedAvg in this process with one torch thread: the tight floor.
+
+    Only what the algorithm needs: the data as tensors once (no copy), one model
+    reused for every client, its parameters and gradients views of two flat vectors
+    (in-place SGD in one ``add_``; a client's update, its norm and its clipped
+    contribution on flat vectors allocated once), batched evaluation under
+    ``no_grad``, and the faster memory layout (:func:`plain_layout`). The clock
+    covers model build, all rounds and the final evaluation; ``train_s`` is the time
+    inside the local-step loops. The minibatches of the first ``record_rounds``
+    rounds are returned (``_batches``) for the minimal loop to replay."""
     torch.set_num_threads(1)
-    # The first torch.optim optimizer of a process imports torch._dynamo (~1 s). That
-    # is start-up, not training: pay it before the clock starts (dpfl's workers avoid
-    # it; the rest of their start-up is in dpfl's wall time).
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     reset = reset_peak_rss()
     t0 = time.perf_counter()
-    gen = torch_stream(w.seed, MODEL_INIT)
-    model = build_model(w.model, ds.input_shape, ds.num_classes, gen).to(device)
+    model = build_model(w.model, ds.input_shape, ds.num_classes, torch_stream(w.seed, MODEL_INIT))
+    model = model.to(device)
+    used = plain_layout(model, device, layout)
+    if used == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    global_w = get_flat(params)
-    dim = global_w.numel()
-    x_all = torch.from_numpy(ds.x_train)
-    y_all = torch.from_numpy(ds.y_train)
-    if device.type == "cuda":
-        x_all, y_all = x_all.to(device), y_all.to(device)
+    fm = FlatModel(model, device)
+    flat, grad, dim = fm.flat, fm.grad, fm.dim
+    global_w = flat.clone()
+    delta = torch.empty_like(flat)
+    total = torch.zeros(dim, dtype=torch.float64, device=device)
+    x_all = torch.from_numpy(ds.x_train).to(device)  # no copy on the CPU
+    y_all = torch.from_numpy(ds.y_train).to(device)
     loss_fn = nn.CrossEntropyLoss()
     denominator = w.rate * w.num_clients
-    updates, norms = 0, []
+    updates, steps, norm_sum, train_s = 0, 0, 0.0, 0.0
+    round_steps: list[int] = []
+    round_train_s: list[float] = []
+    batches: list[np.ndarray] = []
     t_loop = time.perf_counter()
     for rnd in range(w.rounds):
-        cohort = poisson_cohort(w.num_clients, w.rate, w.seed, rnd)
-        total = torch.zeros(dim, dtype=torch.float64, device=device)
-        for c in cohort:
-            set_flat(params, global_w)
-            opt = torch.optim.SGD(params, lr=w.lr, momentum=0.0, weight_decay=0.0)
+        total.zero_()
+        r_steps, r_train = 0, 0.0
+        for c in poisson_cohort(w.num_clients, w.rate, w.seed, rnd):
+            flat.copy_(global_w)
+            t = time.perf_counter()
             for b in minibatches(ds.client_train[c], w.batch_size, w.epochs, w.seed, rnd, int(c)):
                 bt = torch.from_numpy(b).to(device)
-                xb, yb = x_all[bt].to(device), y_all[bt].to(device)
-                opt.zero_grad(set_to_none=True)
-                loss_fn(model(xb), yb).backward()
-                opt.step()
-            delta = get_flat(params) - global_w  # float32, like the model
-            if not bool(torch.isfinite(delta).all()):
-                delta = torch.zeros_like(delta)
-            norm = float(torch.linalg.vector_norm(delta.double()))
-            if norm > w.clip_norm:  # scale in float64, keep the update's dtype
-                delta = (delta.double() * (w.clip_norm / norm)).to(delta.dtype)
-            total += delta.double()
-            norms.append(norm)
+                grad.zero_()
+                loss_fn(model(x_all.index_select(0, bt)), y_all.index_select(0, bt)).backward()
+                flat.add_(grad, alpha=-w.lr)
+                r_steps += 1
+                if rnd < record_rounds:
+                    batches.append(b)
+            r_train += time.perf_counter() - t
+            torch.sub(flat, global_w, out=delta)
+            norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
+            if not math.isfinite(norm):  # a diverged client contributes nothing
+                norm = 0.0
+            else:
+                total.add_(delta, alpha=min(1.0, w.clip_norm / norm) if norm > 0 else 1.0)
+            norm_sum += norm
             updates += 1
         noise = torch.randn(dim, generator=torch_stream(w.seed, NOISE, rnd), dtype=torch.float64)
-        total = total + (noise * (w.noise_multiplier * w.clip_norm)).to(device)
-        global_w = global_w + (total / denominator).to(torch.float32)
-    set_flat(params, global_w)
-    acc = plain_accuracy(model, ds.x_test, ds.y_test, device)
+        total.add_(noise.to(device)[fm.logical], alpha=w.noise_multiplier * w.clip_norm)
+        global_w.add_((total / denominator).to(torch.float32))
+        steps += r_steps
+        train_s += r_train
+        round_steps.append(r_steps)
+        round_train_s.append(r_train)
+    t_eval = time.perf_counter()
+    flat.copy_(global_w)
+    x_test = torch.from_numpy(ds.x_test).to(device)
+    y_test = torch.from_numpy(ds.y_test).to(device)
+    acc = plain_accuracy(model, x_test, y_test)
     if device.type == "cuda":
         torch.cuda.synchronize()
     end = time.perf_counter()
     return {
         "wall_s": end - t0,
         "round_loop_s": end - t_loop,
+        "eval_s": end - t_eval,
+        "train_s": train_s,
+        "steps": steps,
+        "step_ms": 1e3 * train_s / max(1, steps),
+        "outside_training_s": (end - t0) - train_s,
+        "round_steps": round_steps,
+        "round_train_s": round_train_s,
+        "layout": used,
         "client_updates": updates,
         "test_accuracy": acc,
-        "mean_update_norm": float(np.mean(norms)) if norms else math.nan,
+        "mean_update_norm": norm_sum / updates if updates else math.nan,
         "peak_rss_mb": {"driver (plain loop)": mb(read_status_kb("self"))},
         "peak_rss_reset": reset,
         "device": str(device),
-        "_weights": global_w.detach().cpu().numpy(),
+        "_weights": fm.logical_weights().cpu().numpy(),
+        "_batches": batches,
     }
+
+
+def minimal_loop(
+    w: Workload, ds: FederatedDataset, batches: list[np.ndarray], device: torch.device, layout: str
+) -> float:
+    """Seconds per local step of the shortest correct local-SGD loop (no clipping,
+    no cohorts, no rounds: forward, backward, update) replaying ``batches``, whose
+    tensors are gathered before the clock starts; the plain loop's step time should
+    match it."""
+    torch.set_num_threads(1)
+    model = build_model(w.model, ds.input_shape, ds.num_classes, torch_stream(w.seed, MODEL_INIT))
+    model = model.to(device)
+    if layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+    params = list(model.parameters())
+    data = [
+        (torch.from_numpy(ds.x_train[b]).to(device), torch.from_numpy(ds.y_train[b]).to(device))
+        for b in batches
+    ]
+    t = time.perf_counter()
+    for x, y in data:
+        loss = nn.functional.cross_entropy(model(x), y)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            torch._foreach_add_(params, grads, alpha=-w.lr)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / max(1, len(data))
 
 
 # --------------------------------------------------------------------------- dpfl side
@@ -611,11 +708,13 @@ def run_dpfl(
     w: Workload, ds: FederatedDataset, overrides: list[str], run_name: str
 ) -> dict[str, Any]:
     """``simulate`` on the prepared dataset (Ray already started); the measurements."""
+    from engine.simulate import simulate
+
     cfg = load_config(overrides=overrides)
     sampler = LastRoundSampler(run_name, w.rounds)
     reset = reset_peak_rss()
     t0 = time.perf_counter()
-    res: SimulationResult = simulate(
+    res = simulate(
         cfg, dataset=ds, write=False, progress=False, on_round=sampler, run_name=run_name
     )
     wall = time.perf_counter() - t0
@@ -640,6 +739,282 @@ def run_dpfl(
         "server_placement": sampler.server_placement,
         "_weights": np.asarray(res.weights, dtype=np.float32),
     }
+
+
+# --------------------------------------------------------------------------- W1: whole processes
+#: W1: the held-out workload of issue 30 (MNIST-shaped images, 500 clients of 34–35
+#: examples, all trained on, Poisson q = 0.1, the cnn, 20 rounds, 10,000 test images
+#: evaluated once at the end). Both sides run as whole processes from the same IDX
+#: files; every figure is whole-process wall time or a phase of it.
+W1 = Workload(
+    name="w1",
+    model="cnn",
+    data="idx",
+    config_dataset="mnist",
+    num_clients=500,
+    mean_samples=35,  # 17,250 examples: 250 clients of 35, 250 of 34
+    input_shape=(1, 28, 28),
+    num_classes=10,
+    test_size=10000,
+    rate=0.1,
+    rounds=20,
+    epochs=1,
+    batch_size=10,
+    lr=0.05,
+    clip_norm=1.0,
+    noise_multiplier=1.0,
+)
+W1_TRAIN = 17250
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """``array`` (uint8) as an IDX file (the MNIST format: magic, dims, bytes)."""
+    magic = bytes([0, 0, 8, array.ndim])
+    dims = b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(magic + dims + np.ascontiguousarray(array, np.uint8).tobytes())
+
+
+def write_w1_files(w: Workload, root: Path, n_train: int = W1_TRAIN) -> Path:
+    """MNIST-format files under ``root/MNIST/raw`` holding ``n_train`` training and
+    ``w.test_size`` test images of :func:`make_template_data`'s generator, scaled to
+    bytes; what ``dataset.name=mnist dataset.root=root`` reads."""
+    one = dataclasses.replace(w, data="templates", num_clients=1, mean_samples=n_train)
+    ds = make_template_data(one, sizes_given=np.array([n_train]))
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+
+    def to_bytes(x: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint((x[:, 0] / 6.0 + 0.5) * 255.0), 0, 255).astype(np.uint8)
+
+    write_idx(raw / "train-images-idx3-ubyte", to_bytes(ds.x_train[:n_train]))
+    write_idx(raw / "train-labels-idx1-ubyte", ds.y_train[:n_train].astype(np.uint8))
+    write_idx(raw / "t10k-images-idx3-ubyte", to_bytes(ds.x_test))
+    write_idx(raw / "t10k-labels-idx1-ubyte", ds.y_test.astype(np.uint8))
+    return root
+
+
+def w1_overrides(w: Workload, root: Path, workers: int, memory_format: str) -> list[str]:
+    """``dpfl run --set`` overrides for W1: dpfl's defaults otherwise. Every client's
+    examples are trained on: ``dataset.client_test_fraction=0`` explicitly (the
+    default holds out a share of each client for personal metrics)."""
+    out = dpfl_overrides(w, workers, None, False, memory_format)
+    out = [o for o in out if not o.startswith("dataset.name=")]
+    return out + [
+        "dataset.name=mnist",
+        f"dataset.root={root}",
+        "dataset.partition=iid",
+        "dataset.client_test_fraction=0",
+    ]
+
+
+def floor_process(args: argparse.Namespace) -> int:
+    """``--floor-process FILE``: the tight floor as a whole process (what the parent
+    times from spawn to exit): load W1's files with the engine's reader, run the
+    plain loop, write the phase marks (``time.time()``) to FILE."""
+    from engine.config import load_config
+    from engine.data import build_dataset
+
+    t_imports = time.time()
+    w = dataclasses.replace(W1, seed=args.seed, rounds=args.rounds or W1.rounds)
+    cfg = load_config(overrides=w1_overrides(w, args.data_root, 2, args.memory_format))
+    ds = build_dataset(cfg.dataset, numpy_stream(w.seed, DATA))
+    t_data = time.time()
+    pr = run_plain(w, ds, torch.device("cpu"), args.memory_format)
+    t_end = time.time()
+    pr.pop("_batches")
+    weights = pr.pop("_weights")
+    pr.update(
+        imports_done=t_imports,
+        data_done=t_data,
+        end=t_end,
+        data_s=t_data - t_imports,
+        client_sizes=[int(ds.client_sizes().min()), int(ds.client_sizes().max())],
+        weights_norm=float(np.linalg.norm(weights)),
+    )
+    args.floor_process.write_text(json.dumps(pr, default=str))
+    return 0
+
+
+def timed_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """Run ``cmd``; (spawn time, exit time, exit status, its output's tail)."""
+    import subprocess
+
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    t1 = time.time()
+    return t0, t1, proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
+def read_timeline(path: Path) -> dict[str, float]:
+    """``DPFL_TIMELINE``'s marks (label → time.time()); a repeated label keeps its
+    first time, except round and evaluation marks (the last)."""
+    marks: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        label, t = json.loads(line)
+        if label not in marks or label.startswith(("round", "eval")):
+            marks[label] = float(t)
+    return marks
+
+
+def run_w1_floor(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> dict[str, Any]:
+    """One whole-process run of the tight floor; its phases (seconds)."""
+    out = tmp / f"floor-{tag}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--floor-process", str(out)]
+    cmd += ["--data-root", str(root), "--seed", str(args.seed)]
+    cmd += ["--memory-format", args.memory_format]
+    if args.rounds:
+        cmd += ["--rounds", str(args.rounds)]
+    t0, t1, rc, tail = timed_process(cmd, dict(os.environ))
+    if rc != 0:
+        raise RuntimeError(f"floor process exited {rc}:\n{tail}")
+    f = json.loads(out.read_text())
+    loop = f["round_loop_s"] - f["eval_s"]
+    whole = t1 - t0
+    return {
+        "whole_s": whole,
+        "round_loop_s": loop,
+        "eval_s": f["eval_s"],
+        "fixed_s": whole - loop - f["eval_s"],
+        "breakdown": {
+            "interpreter + imports": f["imports_done"] - t0,
+            "data": f["data_s"],
+            "model + flat buffers": f["wall_s"] - f["round_loop_s"],
+            "exit": t1 - f["end"],
+        },
+        "step_ms": f["step_ms"],
+        "train_s": f["train_s"],
+        "steps": f["steps"],
+        "client_updates": f["client_updates"],
+        "test_accuracy": f["test_accuracy"],
+        "client_sizes": f["client_sizes"],
+        "layout": f["layout"],
+    }
+
+
+def run_w1_dpfl(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> dict[str, Any]:
+    """One whole ``dpfl run -q`` process; its phases from ``DPFL_TIMELINE``."""
+    import pandas as pd
+
+    w = dataclasses.replace(W1, seed=args.seed, rounds=args.rounds or W1.rounds)
+    timeline = tmp / f"timeline-{tag}.jsonl"
+    out = tmp / f"dpfl-{tag}"
+    exe = Path(sys.executable).with_name("dpfl")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
+    cmd += ["run", "-q", "--out", str(out)]
+    for o in w1_overrides(w, root, args.workers, args.memory_format):
+        cmd += ["--set", o]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["DPFL_TIMELINE"] = str(timeline)
+    t0, t1, rc, tail = timed_process(cmd, env)
+    if rc != 0:
+        raise RuntimeError(f"dpfl run exited {rc}:\n{tail}")
+    m = read_timeline(timeline)
+    rows = pd.read_parquet(out / "rounds.parquet")
+    first, last = m["rounds start"], m[f"round {w.rounds}"]
+    ev = m["eval end"] - m["eval start"]
+    loop = last - first - ev
+    whole = t1 - t0
+
+    def span(a: str, b: str) -> float:
+        return m[b] - m[a] if a in m and b in m else math.nan
+
+    return {
+        "whole_s": whole,
+        "round_loop_s": loop,
+        "eval_s": ev,
+        "fixed_s": whole - loop - ev,
+        "start_to_round1_s": m["round 1"] - t0,
+        "last_round_to_exit_s": t1 - last,
+        "breakdown": {
+            "interpreter + imports": m.get("imports done", m["main"]) - t0,
+            "config + checks": span("imports done", "privacy start"),
+            "sigma calibration": span("privacy start", "privacy done"),
+            "data": span("privacy done", "data done"),
+            "model + pipeline": span("data done", "prepared"),
+            "ray.init": span("ray.init start", "ray.init done"),
+            "workers + server start": span("ray.init done", "workers ready"),
+            "until the first round": span("prepared", "rounds start"),
+            "first round": m["round 1"] - first,
+            "final evaluation": ev,
+            "last checkpoint + row": span(f"round {w.rounds}", "closing"),
+            "closing actors + ray.shutdown": span("closing", "executor closed"),
+            "writing results": span("executor closed", "results written"),
+            "printing + exit": t1 - m.get("results written", last),
+        },
+        "marks": {k: v - t0 for k, v in sorted(m.items(), key=lambda kv: kv[1])},
+        "client_updates": int(rows["realised_cohort_size_nonprivate"].sum()),
+        "test_accuracy": float(rows["test_accuracy"].iloc[-1]),
+        "epsilon": float(rows["epsilon"].iloc[-1]),
+    }
+
+
+def w1_main(args: argparse.Namespace) -> int:
+    """``--workload w1``: the tight floor and ``dpfl run`` as whole processes,
+    alternately ``--repeats`` times; prints the phases and the ratios (medians)."""
+    import tempfile
+
+    w = dataclasses.replace(W1, seed=args.seed, rounds=args.rounds or W1.rounds)
+    print(f"== dpfl benchmark: W1, whole processes ({args.repeats} alternating pair(s)) ==")
+    print(
+        f"workload: cnn, MNIST-format files of generated images, {w.num_clients} clients of "
+        f"34-35 examples (dataset.client_test_fraction=0), Poisson q={w.rate}, "
+        f"{w.rounds} rounds, 1 epoch of batch {w.batch_size}, lr {w.lr}, C={w.clip_norm}, "
+        f"z={w.noise_multiplier}, {w.test_size} test images at the end; dpfl run -q with "
+        f"{args.workers} workers, model.memory_format={args.memory_format}; floor: "
+        f"the tight plain loop, 1 thread; load average {load_average()}"
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="dpfl-w1-"))
+    root = write_w1_files(w, tmp / "data")
+    floors: list[dict[str, Any]] = []
+    dpfls: list[dict[str, Any]] = []
+    for r in range(args.repeats):
+        for side, fn, runs in (("floor", run_w1_floor, floors), ("dpfl", run_w1_dpfl, dpfls)):
+            load0 = load_average()
+            res = fn(args, root, tmp, f"{r}")
+            res["load"] = f"{load0} -> {load_average()}"
+            runs.append(res)
+            print(
+                f"[{r + 1}/{args.repeats}] {side:5s}: whole {res['whole_s']:.2f} s = fixed "
+                f"{res['fixed_s']:.2f} + round loop {res['round_loop_s']:.2f} + final "
+                f"evaluation {res['eval_s']:.2f}; {res['client_updates']} client updates, "
+                f"test_accuracy={res['test_accuracy']:.4f} [load {res['load']}]",
+                flush=True,
+            )
+            print("    " + ", ".join(f"{k} {v:.2f}" for k, v in res["breakdown"].items()))
+    med = {
+        k: (median_of(floors, k), median_of(dpfls, k))
+        for k in ("whole_s", "round_loop_s", "eval_s", "fixed_s")
+    }
+    print(f"\n== W1 against the tight floor (medians of {args.repeats}) ==")
+    targets = {"whole_s": 0.65, "round_loop_s": 0.55, "eval_s": 0.55}
+    names = {
+        "whole_s": "whole process",
+        "round_loop_s": "round loop",
+        "eval_s": "final evaluation",
+        "fixed_s": "fixed costs",
+    }
+    for k, (f, d) in med.items():
+        tgt = targets.get(k)
+        verdict = f" (target <= {tgt}: {'met' if d / f <= tgt else 'missed'})" if tgt else ""
+        print(f"{names[k]:18s} floor {f:7.2f} s  dpfl {d:7.2f} s  ratio {d / f:.3f}{verdict}")
+    fixed = median_of(dpfls, "fixed_s")
+    print(
+        f"dpfl fixed costs: start to round 1 {median_of(dpfls, 'start_to_round1_s'):.2f} s "
+        f"(first round included), last round to exit "
+        f"{median_of(dpfls, 'last_round_to_exit_s'):.2f} s (final evaluation included); "
+        f"outside rounds and final evaluation {fixed:.2f} s (target <= 4 s: "
+        f"{'met' if fixed <= 4.0 else 'missed'})"
+    )
+    print(
+        f"floor time per local step {median_of(floors, 'step_ms'):.2f} ms "
+        f"({floors[-1]['steps']} steps, layout {floors[-1]['layout']}); "
+        f"load average at end {load_average()}"
+    )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"floor": floors, "dpfl": dpfls}, indent=2))
+        print(f"json: {args.json}")
+    return 0
 
 
 # --------------------------------------------------------------------------- report
@@ -789,7 +1164,12 @@ def print_report(rep: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="cnn")
+    p.add_argument(
+        "--workload",
+        choices=[*sorted(WORKLOADS), "w1"],
+        default="cnn",
+        help="w1: the tight floor and dpfl run as whole processes (issue 30's W1 shape)",
+    )
     p.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
     p.add_argument("--num-clients", type=int, default=None, help="override N")
     p.add_argument(
@@ -809,12 +1189,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--memory-format",
         choices=["auto", "contiguous", "channels_last"],
         default="auto",
-        help="dpfl's model.memory_format (the plain loop always uses contiguous tensors)",
+        help="dpfl's model.memory_format; the plain loop uses the same layout (auto: "
+        "channels_last for convolutions on the CPU, the faster one there)",
     )
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--minimal-rounds",
+        type=int,
+        default=2,
+        help="replay the plain loop's minibatches of its first N rounds in the minimal "
+        "loop and compare their time per local step",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI (< 60 s)")
     p.add_argument("--json", type=Path, default=None, help="write every measured number here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--floor-process", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data-root", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.repeats < 1 or a.workers < 1 or (a.rounds is not None and a.rounds < 1):
         p.error("--repeats, --workers and --rounds must be >= 1")
@@ -825,6 +1215,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; the exit status (0 ok, 1 a side failed or accuracies disagree)."""
     args = parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.floor_process is not None:
+        return floor_process(args)
+    if args.workload == "w1":
+        return w1_main(args)
     import ray
 
     w = WORKLOADS[args.workload]
@@ -865,7 +1259,7 @@ def main(argv: list[str] | None = None) -> int:
         f"eval at the end; dpfl workers={args.workers} x 1 CPU, "
         f"clients_per_worker_batch={args.clients_per_batch}, "
         f"model.memory_format={args.memory_format} ({fmt_used} here); "
-        f"plain: 1 thread on {device}, contiguous"
+        f"plain: 1 thread on {device}, {fmt_used}"
     )
     t = time.perf_counter()
     ds = make_dataset(w)
@@ -886,12 +1280,30 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeats):
             tag = f"[{r + 1}/{args.repeats}]"
             try:
-                pr = run_plain(w, ds, device)
+                pr = run_plain(w, ds, device, fmt_used, record_rounds=args.minimal_rounds)
+                replay = pr.pop("_batches")
+                k = min(args.minimal_rounds, w.rounds)
+                pr["same_batches_step_ms"] = (
+                    1e3 * sum(pr["round_train_s"][:k]) / max(1, sum(pr["round_steps"][:k]))
+                )
+                pr["minimal_step_ms"] = 1e3 * minimal_loop(w, ds, replay, device, pr["layout"])
+                pr["minimal_steps"] = len(replay)
+                pr["minimal_load"] = load_average()
                 plain_runs.append(pr)
                 print(
                     f"{tag} plain: wall {pr['wall_s']:.2f} s, round loop {pr['round_loop_s']:.2f}"
-                    f" s, {pr['client_updates']} client updates, "
-                    f"test_accuracy={pr['test_accuracy']:.4f}",
+                    f" s, {pr['client_updates']} client updates, {pr['steps']} local steps, "
+                    f"test_accuracy={pr['test_accuracy']:.4f} [load {load_average()}]",
+                    flush=True,
+                )
+                print(
+                    f"{tag} plain: {pr['step_ms']:.2f} ms per local step over the run; on the "
+                    f"{len(replay)} steps of round(s) 1..{k}: plain "
+                    f"{pr['same_batches_step_ms']:.2f} ms, minimal loop "
+                    f"{pr['minimal_step_ms']:.2f} ms (plain/minimal "
+                    f"{pr['same_batches_step_ms'] / pr['minimal_step_ms']:.3f}); outside "
+                    f"training {pr['outside_training_s']:.2f} s of {pr['wall_s']:.2f} s "
+                    f"(final evaluation {pr['eval_s']:.2f} s) [load {pr['minimal_load']}]",
                     flush=True,
                 )
             except Exception:  # noqa: BLE001 - report and go on with the other side
