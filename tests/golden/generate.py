@@ -1,0 +1,189 @@
+"""Write ``tests/golden/golden.json``: the exact outputs of the golden cases.
+
+How ``golden.json`` was generated: from a pristine checkout of commit 1f4e86f (the code
+before the refactor of issue 27 and the performance work of issue 26), never from a
+working tree that others were editing, on the CPU, in the project's virtual environment
+(Python 3.11.7, torch 2.14.1, numpy 2.4.6, pandas 3.1.1, Ray 2.60.0; ``golden.json``'s
+``environment`` records them), on a 2-core x86-64 machine::
+
+    git worktree add /tmp/golden_base 1f4e86f
+    cd /tmp/golden_base
+    PYTHONPATH=/tmp/golden_base python /work/main/tests/golden/generate.py \\
+        --out /work/main/tests/golden/golden.json --check-pins --expect-base /tmp/golden_base
+    git worktree remove /tmp/golden_base
+
+The script prints ``engine.__file__`` (and checks it lies under ``--expect-base``, also
+in the Ray workers), so the code measured is the checkout's. It was run twice; the two
+files were identical byte for byte. ``--check-pins`` also runs every case without its
+pinned keys and checks the record is the same, proving that the pins are the defaults of
+the code that generated the file.
+
+Regenerate only when a change is *meant* to alter results (a new default, a bug fix that
+changes the numbers), from the commit that makes that change, and say so in its commit
+message; a refactor or a performance change must pass ``test_golden.py`` unchanged.
+The case list is :mod:`golden_cases` (beside this file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_cases() -> Any:
+    spec = importlib.util.spec_from_file_location("golden_cases", HERE / "golden_cases.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["golden_cases"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _start_ray(expect_base: str | None) -> Any:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=0,
+            include_dashboard=False,
+            object_store_memory=100 * 2**20,
+            configure_logging=False,
+            log_to_driver=False,
+        )
+
+    @ray.remote(num_cpus=1)
+    def where() -> str:
+        import engine
+
+        return str(engine.__file__)
+
+    path = ray.get(where.remote())
+    print(f"engine in a Ray worker: {path}", flush=True)
+    if expect_base is not None and not path.startswith(expect_base):
+        raise SystemExit(f"a Ray worker imports {path}, not the code under {expect_base}")
+    return ray
+
+
+def _commit(path: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def dump(obj: Any, depth: int = 0) -> str:
+    """JSON with one key per line down to a column, each value list on one line."""
+    if not isinstance(obj, dict) or depth >= 4 or not obj:
+        return json.dumps(obj, sort_keys=True)
+    pad = " " * (depth + 1)
+    items = [f"{pad}{json.dumps(k)}: {dump(obj[k], depth + 1)}" for k in sorted(obj)]
+    return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(HERE / "golden.json"))
+    parser.add_argument("--only", default="", help="comma-separated case names (debugging)")
+    parser.add_argument(
+        "--check-pins",
+        action="store_true",
+        help="also run each case without its pinned keys and require the same record",
+    )
+    parser.add_argument(
+        "--expect-base",
+        default=None,
+        help="fail unless engine (and Ray workers' engine) is imported from under this path",
+    )
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ["DPFL_CACHE_DIR"] = "off"  # calibrate from scratch, remember nothing
+    import numpy
+    import pandas
+    import torch
+
+    import engine
+
+    print(f"engine: {engine.__file__}", flush=True)
+    if args.expect_base is not None and not engine.__file__.startswith(args.expect_base):
+        raise SystemExit(f"engine is imported from {engine.__file__}, not {args.expect_base}")
+    gc = load_cases()
+    only = {n for n in args.only.split(",") if n}
+    cases = [c for c in gc.CASES if not only or c.name in only]
+    ray = None
+    records: dict[str, Any] = {}
+    t_all = time.perf_counter()
+    try:
+        for case in cases:
+            if case.kind == "ray" and ray is None:
+                ray = _start_ray(args.expect_base)
+            t0, c0 = time.perf_counter(), time.process_time()
+            rec = gc.run_case(case)
+            took, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if args.check_pins:
+                unpinned = gc.run_case(case, [f"algorithm={case.algorithm}", *case.settings])
+                diff = gc.first_difference(rec, unpinned)
+                if diff is not None:
+                    raise SystemExit(f"{case.name}: a pin is not today's default: {diff}")
+            records[case.name] = {
+                "algorithm": case.algorithm,
+                "kind": case.kind,
+                "interrupt_after": case.interrupt_after,
+                "marks": list(case.marks),
+                "pins": list(case.pins),
+                "settings": list(case.settings),
+                "overrides": case.overrides,
+                **rec,
+            }
+            print(
+                f"{case.name:36s} {took:6.2f} s (cpu {cpu:5.2f} s)  "
+                f"sha256 {rec['params_sha256'][:16]}  eps {rec['final_epsilon']}  "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    finally:
+        if ray is not None:
+            ray.shutdown()
+    base = Path(engine.__file__).resolve().parent.parent
+    payload = {
+        "generated_from_commit": _commit(base),
+        "generated_by": "tests/golden/generate.py",
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": numpy.__version__,
+            "pandas": pandas.__version__,
+            "machine": platform.machine(),
+        },
+        "excluded_columns": list(gc.EXCLUDED_COLUMNS),
+        "params_hash": "sha256 of SimulationResult.weights flattened, as little-endian float64",
+        "cases": records,
+    }
+    text = dump(payload) + "\n"
+    Path(args.out).write_text(text)
+    print(
+        f"wrote {args.out}: {len(records)} cases in {time.perf_counter() - t_all:.1f} s, "
+        f"load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
