@@ -677,6 +677,8 @@ def _report(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     if not directory.is_dir():
         raise ConfigError(f"DIR={args.dir!r}: no such folder")
+    if args.watch:
+        return _watch(directory, args)
     if not (directory / "trials.parquet").is_file() or not (directory / "rounds").is_dir():
         what = (
             " (a dpfl compare folder: its table is compare.parquet)"
@@ -697,6 +699,21 @@ def _report(args: argparse.Namespace) -> int:
     from tuning.report import write_report
 
     print(write_report(directory, metric=args.metric))
+    return 0
+
+
+def _watch(directory: Path, args: argparse.Namespace) -> int:
+    """``dpfl report --watch DIR`` (:mod:`tuning.watch`)."""
+    if not (directory / "tune").is_dir() and not (directory / "rounds").is_dir():
+        raise ConfigError(f"DIR={str(directory)!r}: not a dpfl tune folder (no tune/ or rounds/)")
+    if not args.interval > 0:
+        raise ConfigError(f"--interval={args.interval}: must be > 0")
+    if args.iterations is not None and args.iterations < 1:
+        raise ConfigError(f"--iterations={args.iterations}: must be >= 1")
+    from tuning.watch import LIVE_EPSILON_PNG, LIVE_ROUND_PNG, watch
+
+    print(f"watching {directory}: {LIVE_EPSILON_PNG}, {LIVE_ROUND_PNG} redrawn there", flush=True)
+    watch(directory, args.interval, args.iterations, echo=lambda s: print(s, flush=True))
     return 0
 
 
@@ -786,18 +803,22 @@ def _os_error(e: OSError, args: argparse.Namespace) -> str | None:
     disk); None for any other OSError (raised as it is). A run stopped by a full disk
     keeps its last checkpoint and rows (writes go through a temporary file), so the
     line says how to continue it."""
-    if e.errno not in _FS_ERRORS or not e.filename:
+    if e.errno is None or e.errno not in _FS_ERRORS or not e.filename:
         return None
     path = Path(str(e.filename))
     line = f"{path}: {e.strerror or os.strerror(e.errno)}"
     folder = next(
-        (p for p in (path, *path.parents) if (p / "checkpoint.pkl").is_file()),
+        (
+            p
+            for p in (path, *path.parents)
+            if (p / "checkpoint.pkl").is_file() or (p / "config.json").is_file()
+        ),
         None,
     )
     if e.errno in (getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)):
         if folder is not None and args.command == "run":
             line += (
-                f"; the run stopped at its last checkpoint: free space, then continue "
+                f"; the run stopped at its last complete round: free space, then continue "
                 f"with dpfl run --resume {folder}"
             )
         elif args.command == "tune":

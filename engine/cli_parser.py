@@ -229,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
     rp.add_argument("dir", metavar="DIR", help="a dpfl tune output folder")
     rp.add_argument("--metric", default="test_accuracy", help="a metric the trials were tuned for")
+    rp.add_argument(
+        "--watch",
+        action="store_true",
+        help="live view of a running sweep: redraw live_accuracy_vs_{epsilon,round}.png "
+        "in DIR every --interval s and print trials done/running/pending, until it ends",
+    )
+    rp.add_argument("--interval", type=float, default=5.0, help="seconds between redraws (--watch)")
+    rp.add_argument(
+        "--iterations", type=int, help="stop --watch after this many redraws (default: at the end)"
+    )
 
     sb = sub.add_parser(
         "submit",

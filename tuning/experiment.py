@@ -492,6 +492,15 @@ def run_tune(
     counts = trial_counts(
         out, algorithms, epsilons, config, num_samples, tuning_privacy, tnb_shape, resume
     )
+    from tuning.watch import write_plan  # for dpfl report --watch (no drawn K in it)
+
+    write_plan(
+        out,
+        [experiment_name(a, e) for a in algorithms for e in epsilons],
+        num_samples,
+        config.rounds,
+        tuning_privacy,
+    )
     bundles = trial_bundles(config.ray, head)
     every = int(tune_section.get("checkpoint_every", 1))
     statuses: dict[str, str] = {}
