@@ -307,3 +307,108 @@ class LocalRayHead:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: Grafana units of dpfl's series (:data:`engine.metrics.DESCRIPTIONS` says them in words).
+_GRAFANA_UNITS = {
+    "rounds_completed": "none",
+    "epsilon_spent": "none",
+    "test_accuracy": "percentunit",
+    "client_updates_per_second_nonprivate": "short",
+    "seconds_per_round_nonprivate": "s",
+    "clipped_fraction_nonprivate": "percentunit",
+}
+GRAFANA_DASHBOARD = Path(__file__).resolve().parent / "grafana" / "dpfl_grafana_dashboard.json"
+
+
+def grafana_dashboard() -> dict[str, Any]:
+    """A Grafana dashboard (JSON model, the schema of Ray's own generated dashboards:
+    a ``datasource`` variable and a ``SessionName`` filter) with one time-series panel
+    per dpfl series, filtered by ``run`` and ``algorithm``, one line per (run, trial).
+    Shipped as ``cluster/grafana/dpfl_grafana_dashboard.json`` (a test keeps the file
+    equal to this); untested against a Grafana, which these machines do not have."""
+    from engine.metrics import DESCRIPTIONS
+
+    def variable(name: str, label: str, query: str, all_value: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": "${datasource}",
+            "definition": query,
+            "query": {"query": query, "refId": f"{name}-query"},
+            "includeAll": True,
+            "allValue": all_value,
+            "multi": True,
+            "refresh": 2,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "hide": 0,
+            "sort": 1,
+        }
+
+    sel = 'SessionName=~"$SessionName",run=~"$Run",algorithm=~"$Algorithm"'
+    rounds = 'ray_dpfl_rounds_completed_total{SessionName=~"$SessionName"}'
+    panels = []
+    for i, (name, text) in enumerate(DESCRIPTIONS.items()):
+        metric = f"ray_dpfl_{name}" + ("_total" if name == "rounds_completed" else "")
+        panels.append(
+            {
+                "id": i + 1,
+                "type": "timeseries",
+                "title": name,
+                "description": text,
+                "datasource": "${datasource}",
+                "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+                "fieldConfig": {"defaults": {"unit": _GRAFANA_UNITS[name]}, "overrides": []},
+                "options": {"legend": {"displayMode": "table", "placement": "bottom"}},
+                "targets": [
+                    {
+                        "expr": f"max by (run, trial, algorithm) ({metric}{{{sel}}})",
+                        "legendFormat": "{{run}} {{trial}} ({{algorithm}})",
+                        "refId": "A",
+                    }
+                ],
+            }
+        )
+    return {
+        "title": "dpfl runs and sweeps",
+        "uid": "dpfl",
+        "description": "dpfl's per-round series (README, Dashboard metrics). epsilon_spent is "
+        "the accountant's, per run or trial alone (tuning excluded); *_nonprivate series are "
+        "operator diagnostics computed from private data, never a released result.",
+        "tags": ["dpfl", "ray"],
+        "editable": True,
+        "schemaVersion": 27,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "hide": 2,
+                    "current": {"selected": False},
+                },
+                variable(
+                    "SessionName",
+                    "Ray session",
+                    "label_values(ray_dpfl_rounds_completed_total, SessionName)",
+                    ".+",
+                ),
+                variable(
+                    "Run",
+                    "run",
+                    f"label_values({rounds}, run)",
+                    ".*",
+                ),
+                variable(
+                    "Algorithm",
+                    "algorithm",
+                    f"label_values({rounds}, algorithm)",
+                    ".*",
+                ),
+            ]
+        },
+        "panels": panels,
+    }

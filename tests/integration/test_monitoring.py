@@ -156,6 +156,14 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
             assert rounds[key] == len(g)
             assert eps[key] == pytest.approx(float(g["epsilon"].iloc[-1]), rel=1e-12)
             assert algos[key] == "dp_fedavg"
+        # The Grafana dashboard's queries (variables set to "All") find every series.
+        for panel in monitoring.grafana_dashboard()["panels"]:
+            expr = panel["targets"][0]["expr"]
+            inner = expr[expr.index("(ray_dpfl") + 1 : -1]
+            for var, every in (("$SessionName", ".+"), ("$Run", ".*"), ("$Algorithm", ".*")):
+                inner = inner.replace(var, every)
+            found = monitoring.query(url, f"last_over_time({inner}[10m])")
+            assert {s["metric"].get("trial", "") for s in found} == {"", *trial_keys}, panel
         print("queried Prometheus vs Parquet:")
         for key in sorted(rounds):
             tid = key[1]
