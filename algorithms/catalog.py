@@ -118,6 +118,13 @@ PAPERS: dict[str, Paper] = {
         2025,
         "2510.27504",
     ),
+    "dp_ftrl": Paper(
+        "Practical and Private (Deep) Learning without Sampling or Shuffling",
+        "Peter Kairouz, Brendan McMahan, Shuang Song, Om Thakkar, Abhradeep Thakurta, Zheng Xu",
+        "ICML",
+        2021,
+        "2103.00039",
+    ),
 }
 
 
@@ -222,6 +229,13 @@ CATALOG: dict[str, Entry] = {
             True,
             ("dp_fedpgn", "dp_fed_ls"),
             7,
+        ),
+        Entry(
+            "dp_ftrl",
+            "DP-FTRL: tree-aggregated noise on prefix sums, epochs without sampling",
+            True,
+            ("dp_ftrl",),
+            11,
         ),
     )
 }

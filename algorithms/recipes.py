@@ -21,6 +21,7 @@ from algorithms.builders import (  # noqa: F401 (the FED_LS_* constants are re-e
     fed_ls_default_sigma,
 )
 from algorithms.catalog import CATALOG
+from algorithms.pieces.correlated_noise import TreeAggregationPrivatizer
 from algorithms.pipeline import (
     LUS,
     LaplacianSmoothing,
@@ -50,6 +51,10 @@ class Recipe:
     #: values for ``algo`` keys left null where this recipe's default differs from the
     #: piece's (DP-FedSAM-top_k keeps 0.4 at either top-k site)
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: how clients take part: ``sampled`` (the ``sampling:`` section's Poisson or
+    #: fixed-size draws) or ``epochs`` (passes over the population in disjoint cohorts,
+    #: with tree-aggregated noise: DP-FTRL, docs/algorithms.md §11)
+    participation: str = "sampled"
 
 
 #: Each built-in recipe is a spelling of :mod:`algorithms.compose`: the pieces it names
@@ -90,6 +95,7 @@ def _recipe(
     departure: str,
     search_space: dict[str, dict[str, Any]] | None = None,
     defaults: dict[str, Any] | None = None,
+    participation: str = "sampled",
 ) -> Recipe:
     """A recipe whose summary, privacy flag and citation are the catalog's; the texts
     are its row of the README's algorithms table (:func:`markdown_table`)."""
@@ -107,6 +113,7 @@ def _recipe(
         hyperparameter_doc=hyperparameter_doc,
         search_space=search_space or {},
         defaults=defaults or {},
+        participation=participation,
     )
 
 
@@ -286,8 +293,31 @@ RECIPES: dict[str, Recipe] = {
                 "algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0},
             },
         ),
+        _recipe(
+            "dp_ftrl",
+            ("server_momentum",),
+            _fixed(),
+            participation="epochs",
+            method="DP-FTRL (Kairouz et al., ICML 2021)",
+            shares="clipping of `dp_fedavg`; its own noise and server step",
+            hyperparameter_doc=(
+                "`server_momentum` (0.9); cohorts of `sampling.cohort_size` (or q·N) in "
+                "passes over the population"
+            ),
+            departure=(
+                "online tree estimator (not the honest one); the tree, prefix sum and momentum "
+                "restart every epoch; clients send model deltas, so x = x_epoch + η·M"
+            ),
+            search_space={
+                "server.lr": {"type": "loguniform", "low": 0.03, "high": 3.0},
+                "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
+            },
+        ),
     )
 }
+
+#: ``algo.server_momentum`` when null (the paper's DP-FTRLM uses γ = 0.9).
+FTRL_MOMENTUM = 0.9
 
 
 TABLE_HEADER = (
@@ -341,7 +371,22 @@ def build_pipeline(
     if unset:
         algo = dataclasses.replace(algo, **unset)
     spelling = RecipeConfig(private=built_in.private, **built_in.spelling(algo))
-    return build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
+    pipeline = build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
+    if built_in.participation == "epochs":  # DP-FTRL: tree-aggregated noise, own step
+        assert pipeline.privatizer is not None
+        momentum = FTRL_MOMENTUM if algo.server_momentum is None else algo.server_momentum
+        pipeline = dataclasses.replace(
+            pipeline,
+            privatizer=TreeAggregationPrivatizer(
+                clip_norm, noise_multiplier, momentum, site=algo.noise_site
+            ),
+        )
+    return pipeline
+
+
+def participation(name: str) -> str:
+    """``sampled`` or ``epochs`` for recipe ``name`` (``custom``: sampled)."""
+    return "sampled" if name == "custom" else get_recipe(name).participation
 
 
 def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
@@ -370,4 +415,6 @@ def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
     if pipeline.personal is not None:
         p = pipeline.personal
         out.update(personal_layers=p.layers, head_steps=p.head_steps, body_steps=p.body_steps)
+    if isinstance(pipeline.privatizer, TreeAggregationPrivatizer):
+        out["server_momentum"] = pipeline.privatizer.momentum
     return out

@@ -350,6 +350,7 @@ class AlgoConfig:
     topk_site: str = "server"
     randk_rescale: bool = False
     blur_lambda: float | None = None
+    server_momentum: float | None = None  # DP-FTRL: momentum γ on noisy prefix sums
     head_steps: int | None = None
     body_steps: int | None = None
     personal_layers: int = 1
@@ -396,6 +397,8 @@ class AlgoConfig:
         for key in ("head_steps", "body_steps"):
             v = getattr(self, key)
             _check(v is None or v >= 1, f"algo.{key}", v, "must be >= 1")
+        m = self.server_momentum
+        _check(m is None or 0 <= m < 1, "algo.server_momentum", m, "must be in [0, 1)")
         _check(
             self.personal_layers >= 1, "algo.personal_layers", self.personal_layers, "must be >= 1"
         )

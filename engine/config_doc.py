@@ -94,6 +94,7 @@ KEY_HELP: dict[str, str] = {
     "algo.topk_site": "top-k of the noisy aggregate (server) or before clipping (client)",
     "algo.randk_rescale": "rand-k: scale kept coordinates by d/k",
     "algo.blur_lambda": "BLUR weight lambda (null: recipe default)",
+    "algo.server_momentum": "DP-FTRL: momentum on the noisy prefix sums (null: 0.9)",
     "algo.head_steps": "DP2-FedSAM: local steps on the personal head",
     "algo.body_steps": "DP2-FedSAM: local steps on the shared body",
     "algo.personal_layers": "DP2-FedSAM: number of last Linear layers kept personal",

@@ -36,8 +36,9 @@ from engine.client import PartialSum, reduce_partials
 from engine.data.federated import FederatedDataset
 from engine.evaluation import evaluate as evaluate_model
 from engine.evaluation import membership_inference_auc
+from engine.privacy import tree_aggregation
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
-from engine.privacy.mechanisms import privatize_sum
+from engine.privacy.mechanisms import gaussian_noise, privatize_sum
 from engine.worker_model import flatten_params, init_process_model, load_flat_, personal_mask
 
 
@@ -76,6 +77,9 @@ def sample_cohort(
     Fixed-size cohorts are already O(cohort) (numpy's ``choice`` without replacement
     uses Floyd's algorithm when the cohort is ≤ N/50)."""
     n = spec.num_clients
+    if spec.mode == "epochs":  # DP-FTRL: disjoint cohorts in passes over the population
+        assert spec.cohort_size is not None and not secure  # secure: refused by the plan
+        return tree_aggregation.epoch_cohort(seed, rnd, n, spec.cohort_size)
     if secure:
         src = rngs.SecureRandom()
         if spec.mode == "fixed":
@@ -182,6 +186,14 @@ class Server:
             if priv is not None
             else None
         )
+        # DP-FTRL (tree aggregation): the server steps on noisy prefix sums, its own state
+        self.correlated = (
+            priv.server_state(
+                spec.sampling.rounds_per_epoch, spec.sampling.denominator, spec.server_lr
+            )
+            if priv is not None and getattr(priv, "correlated", False)
+            else None
+        )
         self.rounds_done = 0
         # The round's clip norm C_t: fixed, or adaptive from C_0 (public, from released
         # counts); inf for a non-private recipe.
@@ -204,6 +216,7 @@ class Server:
             "rounds_done": self.rounds_done,
             "clip_norm": self.clip_norm,
             "audit": None if self.audit is None else self.audit.state_dict(),
+            **({} if self.correlated is None else {"correlated": self.correlated.state_dict()}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -214,6 +227,8 @@ class Server:
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
         if self.audit is not None and state.get("audit") is not None:
             self.audit.load_state_dict(state["audit"])
+        if self.correlated is not None:
+            self.correlated.load_state_dict(state["correlated"])
 
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
@@ -275,7 +290,14 @@ class Server:
         ctx = {"shapes": self.shapes, "g_tilde": self.g_tilde, "steps": spec.steps, "lr": lr}
         for transform in pipe.server_transforms:
             avg = transform.apply(avg, ctx)
-        if pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
+        if self.correlated is not None:  # DP-FTRL: this round's noise is its tree node
+            node = gaussian_noise(  # the round's own stream: the values privatize_sum drew
+                self.dim(),
+                self.correlated.privatizer.noise_multiplier * clip_t,
+                rngs.torch_gen(spec.seed, rngs.NOISE, rnd),
+            )
+            self.weights = self.correlated.step(rnd, summed, self.weights, node)
+        elif pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
             k_lr = lr * float(spec.steps or 1)
             g_new = -avg / k_lr
             if pipe.server_update.smoothing is not None:
@@ -291,6 +313,8 @@ class Server:
             extra = self._adapt_clip_norm(rnd, total)
         if self.audit is not None:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
+        if self.correlated is not None:
+            extra["epoch"] = self.correlated.epoch(rnd)  # the tree (pass) the round was in
         row: dict = {
             "round": rnd + 1,
             "cohort_size": spec.sampling.denominator,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from algorithms.recipes import build_pipeline, resolved_hyperparameters
+from algorithms.recipes import build_pipeline, participation, resolved_hyperparameters
 from engine import rng as rngs
 from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
@@ -57,7 +57,12 @@ class PrivacyPlan:
     randomness: str = rngs.SEEDED_SIMULATION  # or rngs.SECURE (privacy.secure_noise)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        extra = (  # epoch participation (DP-FTRL): the passes' length, recorded
+            {"rounds_per_epoch": self.sampling.rounds_per_epoch}
+            if self.sampling.mode == "epochs"
+            else {}
+        )
+        return extra | {
             "private": self.private,
             "randomness": self.randomness,
             "noise_multiplier": self.noise_multiplier,
@@ -75,6 +80,17 @@ class PrivacyPlan:
 
 def sampling_spec(config: RunConfig) -> SamplingSpec:
     s = config.sampling
+    if participation(config.algorithm) == "epochs":  # DP-FTRL: passes, no sampling
+        n = config.dataset.num_clients
+        if s.max_cohort is not None:
+            raise ConfigError(
+                f"sampling.max_cohort={s.max_cohort}: algorithm={config.algorithm} takes "
+                "cohorts of one fixed size in passes over the population (set "
+                "sampling.cohort_size with sampling.mode=fixed, or sampling.rate)"
+            )
+        m = s.cohort_size if s.mode == "fixed" else max(1, round(s.rate * n))
+        assert m is not None
+        return SamplingSpec(mode="epochs", num_clients=n, cohort_size=min(m, n))
     return SamplingSpec(
         mode=s.mode,
         num_clients=config.dataset.num_clients,
@@ -92,6 +108,17 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
     if not config.is_private:
         return PrivacyPlan(False, 0.0, math.inf, 0.0, None, math.inf, "none", spec, mode)
     delta = p.delta if p.delta is not None else default_delta(config.dataset.num_clients)
+    if spec.mode == "epochs":
+        for bad, key, value in (
+            (p.secure_noise, "privacy.secure_noise", p.secure_noise),
+            (config.eval.audit_canaries > 0, "eval.audit_canaries", config.eval.audit_canaries),
+        ):
+            if bad:
+                raise ConfigError(
+                    f"{key}={value!r} is not available with algorithm={config.algorithm} "
+                    "(tree-aggregated noise: its node noise is kept in checkpoints, and the "
+                    "canary audit assumes independent noise per round)"
+                )
     accountant = p.accountant or spec.default_accountant()
     try:
         spec.check_accountant(accountant)
@@ -399,6 +426,11 @@ def simulate(
         "adjacency": plan.summary()["adjacency"],
         "accountant": plan.summary()["accountant"],
         "epsilon_budget": plan.target_epsilon if plan.target_epsilon is not None else math.nan,
+        **(
+            {"rounds_per_epoch": plan.sampling.rounds_per_epoch}
+            if plan.sampling.mode == "epochs"
+            else {}
+        ),
         "local_steps": prep.steps if prep.steps is not None else math.nan,
         **resolved_hyperparameters(prep.pipeline),
     }

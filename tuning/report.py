@@ -90,6 +90,8 @@ def _spec_from_rows(rows: pd.DataFrame) -> SamplingSpec:
         n = max(1, int(round(float(r["cohort_size"]) / rate)))
     if r["sampling"] == "fixed_without_replacement":
         return SamplingSpec("fixed", n, cohort_size=int(round(rate * n)))
+    if r["sampling"] == "epoch_passes":  # dp_ftrl: sampling_rate holds m/N
+        return SamplingSpec("epochs", n, cohort_size=int(round(rate * n)))
     max_cohort = None
     if "max_cohort" in r and not pd.isna(r["max_cohort"]):
         max_cohort = int(r["max_cohort"])

@@ -45,7 +45,7 @@ from engine.privacy.accounting import (
     PLD_REPORT_DISCRETIZATION,
     SamplingSpec,
     make_accountant,
-    round_event,
+    run_event,
 )
 
 COMPOSE = "compose"
@@ -73,9 +73,8 @@ class TrialEvent:
     accountant: str
 
     def dp_event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.SelfComposedDpEvent(
-            round_event(self.noise_multiplier, self.spec), self.rounds
-        )
+        # the round event self-composed; under epoch participation (dp_ftrl) the trees
+        return run_event(self.noise_multiplier, self.spec, self.rounds)
 
 
 def is_papernot_steinke(mode: str) -> bool:
@@ -204,12 +203,7 @@ def papernot_steinke_epsilon(
     for t in events:
         if t.noise_multiplier <= 0:
             return math.inf, label(mode, mean, shape)
-        relation = (
-            dp_accounting.NeighboringRelation.REPLACE_ONE
-            if t.spec.mode == "fixed"
-            else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-        )
-        acc = rdp.RdpAccountant(neighboring_relation=relation)
+        acc = rdp.RdpAccountant(neighboring_relation=t.spec.neighboring_relation)
         acc.compose(dp_event.RepeatAndSelectDpEvent(t.dp_event(), float(mean), shape_arg))
         worst = max(worst, float(acc.get_epsilon(delta)))
     return worst, label(mode, mean, shape)

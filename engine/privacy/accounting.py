@@ -13,6 +13,10 @@ the sampling actually used:
   sum then has sensitivity 2C while dp-accounting's ``SampledWithoutReplacement``
   RDP assumes C (library issue #378), so the Gaussian inside the event is given
   ``z / 2``: sound but far looser than Poisson. RDP only.
+* ``epochs`` — participation without sampling (DP-FTRL, ``engine.privacy.tree_aggregation``):
+  each epoch is a pass over the population in ⌊N/m⌋ disjoint cohorts of m clients, with
+  one tree of noise per epoch; replace-special adjacency; an epoch is
+  ``SingleEpochTreeAggregationDpEvent(z, ⌊N/m⌋)`` and epochs compose. RDP only.
 
 ε is never assumed: every figure comes from the event built from the noise
 multiplier, sampling and number of rounds actually used. Calibration searches z
@@ -33,6 +37,7 @@ from dp_accounting import pld, rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from engine.privacy import calibration_store
+from engine.privacy import tree_aggregation as tree
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -50,18 +55,18 @@ class CalibrationError(ValueError):
 class SamplingSpec:
     """Public facts about how cohorts are drawn, as the accountant needs them."""
 
-    mode: str  # "poisson" | "fixed"
+    mode: str  # "poisson" | "fixed" | "epochs"
     num_clients: int
     rate: float | None = None  # poisson
-    cohort_size: int | None = None  # fixed
+    cohort_size: int | None = None  # fixed, epochs
     max_cohort: int | None = None  # poisson with a hard cap (truncated Poisson)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("poisson", "fixed"):
-            raise ValueError(f"sampling.mode={self.mode!r} must be poisson or fixed")
+        if self.mode not in ("poisson", "fixed", "epochs"):
+            raise ValueError(f"sampling.mode={self.mode!r} must be poisson, fixed or epochs")
         if self.mode == "poisson" and not (self.rate is not None and 0 < self.rate <= 1):
             raise ValueError(f"sampling.rate={self.rate!r} must be in (0, 1]")
-        if self.mode == "fixed" and not (
+        if self.mode in ("fixed", "epochs") and not (
             self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients
         ):
             raise ValueError(
@@ -70,18 +75,24 @@ class SamplingSpec:
 
     @property
     def adjacency(self) -> str:
+        if self.mode == "epochs":
+            return tree.ADJACENCY
         return "replace_one" if self.mode == "fixed" else "add_remove"
 
     @property
     def name(self) -> str:
+        if self.mode == "epochs":
+            return tree.PARTICIPATION_NAME
         if self.mode == "fixed":
             return "fixed_without_replacement"
         return "truncated_poisson" if self.max_cohort is not None else "poisson"
 
     @property
     def effective_rate(self) -> float:
-        """Sampling probability of one client in one round (public)."""
-        if self.mode == "fixed":
+        """Sampling probability of one client in one round (public); under ``epochs``
+        the fraction of the population in one round's cohort (m/N, not a sampling
+        probability: participation is a fixed pass, and nothing is amplified)."""
+        if self.mode in ("fixed", "epochs"):
             assert self.cohort_size is not None
             return self.cohort_size / self.num_clients
         assert self.rate is not None
@@ -90,11 +101,26 @@ class SamplingSpec:
     @property
     def denominator(self) -> float:
         """The fixed, public divisor of the noisy sum: m, or the expected q·N."""
-        if self.mode == "fixed":
+        if self.mode in ("fixed", "epochs"):
             assert self.cohort_size is not None
             return float(self.cohort_size)
         assert self.rate is not None
         return self.rate * self.num_clients
+
+    @property
+    def rounds_per_epoch(self) -> int:
+        """R = ⌊N/m⌋ rounds per pass over the population (``epochs`` only)."""
+        assert self.mode == "epochs" and self.cohort_size is not None
+        return tree.rounds_per_epoch(self.num_clients, self.cohort_size)
+
+    @property
+    def neighboring_relation(self) -> dp_accounting.NeighboringRelation:
+        """dp-accounting's relation for this sampling's adjacency."""
+        if self.mode == "epochs":
+            return dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+        if self.mode == "fixed":
+            return dp_accounting.NeighboringRelation.REPLACE_ONE
+        return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def default_accountant(self) -> str:
         return "pld" if self.max_cohort is not None else "rdp"
@@ -110,11 +136,20 @@ class SamplingSpec:
                 f"privacy.accountant={accountant!r}: fixed-size sampling is supported only "
                 "by the RDP accountant"
             )
+        if self.mode == "epochs" and accountant != "rdp":
+            raise ValueError(
+                f"privacy.accountant={accountant!r}: tree aggregation (epoch participation) "
+                "is accounted by the RDP accountant only"
+            )
 
 
 def round_event(noise_multiplier: float, spec: SamplingSpec) -> dp_accounting.DpEvent:
     """The DpEvent of one round of clipped-sum + Gaussian noise N(0, (zC)^2)."""
     z = float(noise_multiplier)
+    if spec.mode == "epochs":
+        raise ValueError(
+            "epoch participation (tree aggregation) has no per-round event: use run_event"
+        )
     if spec.mode == "fixed":
         # Replace-one sensitivity of a clipped sum is 2C; the library's WOR RDP assumes
         # C, so the Gaussian is described with half the multiplier (sound).
@@ -133,14 +168,20 @@ def round_event(noise_multiplier: float, spec: SamplingSpec) -> dp_accounting.Dp
     return dp_accounting.PoissonSampledDpEvent(spec.rate, dp_accounting.GaussianDpEvent(z))
 
 
+def run_event(noise_multiplier: float, spec: SamplingSpec, rounds: int) -> dp_accounting.DpEvent:
+    """The DpEvent of ``rounds`` rounds: the round event self-composed, or under
+    ``epochs`` the epochs' trees composed (:func:`tree_aggregation.rounds_event`)."""
+    if spec.mode == "epochs":
+        per_epoch = spec.rounds_per_epoch
+        epoch = tree.epoch_event(noise_multiplier, per_epoch)
+        return tree.rounds_event(epoch, per_epoch, rounds)
+    return dp_accounting.SelfComposedDpEvent(round_event(noise_multiplier, spec), rounds)
+
+
 def make_accountant(
     accountant: str, spec: SamplingSpec, discretization: float = PLD_REPORT_DISCRETIZATION
 ) -> dp_accounting.PrivacyAccountant:
-    relation = (
-        dp_accounting.NeighboringRelation.REPLACE_ONE
-        if spec.mode == "fixed"
-        else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-    )
+    relation = spec.neighboring_relation
     if accountant == "rdp":
         return rdp.RdpAccountant(neighboring_relation=relation)
     if accountant == "pld":
@@ -208,6 +249,10 @@ def compute_epsilon(
             f"privacy.noise_multiplier={noise_multiplier}: the PLD accountant needs z >= "
             f"{PLD_MIN_Z} (memory); use privacy.accountant=rdp"
         )
+    if spec.mode == "epochs":  # not linear in the rounds: compose the trees that ran
+        acc = make_accountant(accountant, spec, discretization)
+        acc.compose(run_event(noise_multiplier, spec, rounds))
+        return float(acc.get_epsilon(delta))
     event = round_event(noise_multiplier, spec)
     if accountant == "rdp":
         orders, rdp1 = one_round_rdp(event, spec)
@@ -293,7 +338,7 @@ def _search_noise_multiplier(
         z = float(
             dp_accounting.calibrate_dp_mechanism(
                 lambda: make_accountant(accountant, spec, disc),
-                lambda z: dp_accounting.SelfComposedDpEvent(round_event(z, spec), rounds),
+                lambda z: run_event(z, spec, rounds),
                 target_epsilon,
                 delta,
                 bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
@@ -332,11 +377,17 @@ class EpsilonTracker:
         self.spec = spec
         self.delta = float(delta)
         self.accountant = accountant
-        self.event = event if event is not None else round_event(self.noise_multiplier, spec)
+        if event is None:
+            event = (
+                tree.epoch_event(self.noise_multiplier, spec.rounds_per_epoch)
+                if spec.mode == "epochs"
+                else round_event(self.noise_multiplier, spec)
+            )
+        self.event = event  # under epochs: one epoch's tree, composed per epoch
         self._orders: np.ndarray | None = None
         self._rdp1: np.ndarray | None = None
         self._pld1: Any = None  # one-round PLD, self-composed per query
-        if accountant == "rdp" and self.noise_multiplier > 0:
+        if accountant == "rdp" and self.noise_multiplier > 0 and spec.mode != "epochs":
             self._orders, self._rdp1 = one_round_rdp(self.event, spec)
 
     def epsilon(self, rounds: int) -> float:
@@ -344,6 +395,10 @@ class EpsilonTracker:
             return 0.0
         if self.noise_multiplier <= 0:
             return math.inf
+        if self.spec.mode == "epochs":
+            acc = make_accountant(self.accountant, self.spec)
+            acc.compose(tree.rounds_event(self.event, self.spec.rounds_per_epoch, rounds))
+            return float(acc.get_epsilon(self.delta))
         if self._rdp1 is not None:
             eps, _ = rdp_privacy_accountant.compute_epsilon(
                 self._orders, rounds * self._rdp1, self.delta

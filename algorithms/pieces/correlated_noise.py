@@ -1,0 +1,152 @@
+"""Correlated noise: DP-FTRL's privatizer and server step (Kairouz et al., ICML 2021,
+"Practical and Private (Deep) Learning without Sampling or Shuffling", arXiv:2103.00039).
+
+The engine's order is unchanged up to the clipped sum: clients clip Δ to C and the
+server receives Σ clipped Δ of round t, x_t. Then, instead of noising x_t on its own:
+
+* the server keeps the prefix sum X_t = Σ_{i ≤ t} x_i of the current epoch and releases
+  X̃_t = X_t + (tree noise of the online estimator, :class:`OnlineTreeNoise`), divided
+  by the public cohort size m;
+* the server optimizer is the paper's DP-FTRL with momentum (DP-FTRLM) on the noisy
+  prefix sums: M_t = γ·M_{t−1} + X̃_t / m and x^{t+1} = x^{(e)} + η_s·M_t, where x^{(e)}
+  is the model at the start of epoch e (Δ points downhill, so + replaces the paper's −
+  on gradients). With γ = 0 and no noise this is FedAvg's x^{t+1} = x^t + η_s·x_t/m.
+* every epoch restarts the tree, the prefix sum and the momentum from the current model
+  (the paper's restarts, Appendix D), so one epoch is one tree.
+
+Privacy: each node of an epoch's tree is the sum of the clipped updates of the rounds
+it covers (each client in at most one round per epoch, so sensitivity C per node) plus
+N(0, (zC)²); everything the server releases is computed from nodes only. The accounted
+event is :meth:`TreeAggregationPrivatizer.dp_event`, one epoch's
+``SingleEpochTreeAggregationDpEvent``, composed over the epochs that ran
+(``engine.privacy.accounting.EpsilonTracker``). The noise state (the nodes of the
+current decomposition) is server-internal and written to checkpoints, so release mode
+(``privacy.secure_noise``) is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.privacy.tree_aggregation import OnlineTreeNoise, epoch_event
+
+
+@dataclass(frozen=True)
+class TreeAggregationPrivatizer:
+    """Clip each update to C; noise the epoch's prefix sums by tree aggregation (z per
+    node); the server steps with DP-FTRLM's momentum γ. Duck-types
+    :class:`algorithms.pipeline.GaussianPrivatizer` for clipping (C) and the client
+    (noise at the server)."""
+
+    clip_norm: float
+    noise_multiplier: float
+    momentum: float = 0.9
+    site: str = "server"
+    noise_support: str = "all"
+    adaptive: Any = None
+    #: the noise of round t is correlated with earlier rounds' (the server's own step)
+    correlated = True
+
+    def __post_init__(self) -> None:
+        if not self.clip_norm > 0:
+            raise ValueError(f"privacy.clip_norm={self.clip_norm!r} must be > 0")
+        if not self.noise_multiplier >= 0:
+            raise ValueError(f"noise multiplier {self.noise_multiplier!r} must be >= 0")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"algo.momentum={self.momentum!r} must be in [0, 1)")
+        if self.site != "server":
+            raise ValueError(
+                f"algo.noise_site={self.site!r}: tree-aggregation noise is added by the server"
+            )
+        if self.noise_support != "all":
+            raise ValueError(f"noise_support={self.noise_support!r}: tree noise covers all d")
+        if self.adaptive is not None:
+            raise ValueError(
+                "privacy.clip_mode='adaptive' is not available with tree aggregation (its "
+                "count release is not accounted with the tree); use privacy.clip_mode=fixed"
+            )
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        return self.noise_multiplier
+
+    def dp_event(self, sampling):
+        """One epoch's tree (engine.privacy.accounting.SamplingSpec with mode
+        ``epochs``): ``SingleEpochTreeAggregationDpEvent(z, ⌊N/m⌋)``."""
+        if sampling.mode != "epochs":
+            raise ValueError(
+                f"tree aggregation needs epoch participation, not {sampling.name} sampling"
+            )
+        return epoch_event(self.noise_multiplier, sampling.rounds_per_epoch)
+
+    def server_state(self, rounds_per_epoch: int, denominator: float, server_lr: float):
+        """The server's DP-FTRLM state for a run."""
+        return TreeFTRL(self, rounds_per_epoch, denominator, server_lr)
+
+
+class TreeFTRL:
+    """DP-FTRLM's server step on tree-noised prefix sums (module docstring)."""
+
+    def __init__(
+        self,
+        privatizer: TreeAggregationPrivatizer,
+        rounds_per_epoch: int,
+        denominator: float,
+        server_lr: float,
+    ) -> None:
+        if denominator <= 0:
+            raise ValueError(f"denominator={denominator} must be > 0")
+        self.privatizer = privatizer
+        self.rounds_per_epoch = int(rounds_per_epoch)
+        self.denominator = float(denominator)
+        self.server_lr = float(server_lr)
+        self.start: torch.Tensor | None = None  # x^{(e)}: the model when the epoch began
+        self.prefix: torch.Tensor | None = None  # X_t (float64)
+        self.buffer: torch.Tensor | None = None  # M_t (float64)
+        self.tree = OnlineTreeNoise()
+
+    def epoch(self, rnd: int) -> int:
+        return int(rnd) // self.rounds_per_epoch
+
+    def step(
+        self, rnd: int, clipped_sum: torch.Tensor, weights: torch.Tensor, node: torch.Tensor
+    ) -> torch.Tensor:
+        """Round ``rnd``'s new model (float32) from its clipped sum x_t and its noise
+        ``node``: N(0, (zC)² I) from the round's own stream (the server draws it as it
+        draws DP-FedAvg's), which is the tree node of level v₂(t) ending at leaf t."""
+        if rnd % self.rounds_per_epoch == 0:  # restart: a new tree from the current model
+            self.start = weights.clone()
+            self.prefix = torch.zeros(clipped_sum.numel(), dtype=torch.float64)
+            self.buffer = torch.zeros_like(self.prefix)
+            self.tree = OnlineTreeNoise()
+        assert self.start is not None and self.prefix is not None and self.buffer is not None
+        noise = self.tree.advance(node.double())
+        self.prefix = self.prefix + clipped_sum.double()
+        noisy = (self.prefix + noise) / self.denominator
+        self.buffer = self.privatizer.momentum * self.buffer + noisy
+        return self.start + (self.server_lr * self.buffer).to(torch.float32)
+
+    def state_dict(self) -> dict:
+        def arr(t: torch.Tensor | None):
+            return None if t is None else t.numpy().copy()
+
+        return {
+            "start": arr(self.start),
+            "prefix": arr(self.prefix),
+            "buffer": arr(self.buffer),
+            "tree": self.tree.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        import numpy as np
+
+        def tensor(a, dtype):
+            return None if a is None else torch.from_numpy(np.array(a, dtype=dtype))
+
+        self.start = tensor(state["start"], np.float32)
+        self.prefix = tensor(state["prefix"], np.float64)
+        self.buffer = tensor(state["buffer"], np.float64)
+        self.tree.load_state_dict(state["tree"])
