@@ -30,7 +30,8 @@ from algorithms.pieces.steps import round_lr
 from engine import rng as rngs
 from engine.data.federated import FederatedDataset
 from engine.local_training import LocalResult, OneByOneTrainer
-from engine.privacy.mechanisms import clip_update, gaussian_noise
+from engine.phases import OFF, PhaseTimer, timed
+from engine.privacy.mechanisms import add_float64_, clip_update, gaussian_noise
 from engine.vectorized import choose_trainer
 from engine.worker_model import (
     batch_to_tensors,
@@ -181,6 +182,15 @@ class ClientWorker:
         self.shapes, self.head_mask = self.one_by_one.shapes, self.one_by_one.head_mask
         # One by one or vectorised groups (engine.vectorized): decided once, never per round.
         self.trainer = choose_trainer(self.one_by_one)
+        self.timer: Any = OFF  # engine.phases; a benchmark's PhaseTimer (set_timing)
+
+    def set_timing(self, on: bool) -> None:
+        """Record this worker's phase times (``benchmarks/round_phases.py``) or stop."""
+        self.timer = PhaseTimer() if on else OFF
+
+    def take_phase_times(self) -> dict[str, float]:
+        """Phase seconds recorded since the last call (empty when not timing)."""
+        return self.timer.take()
 
     # What the local trainer decided, for logs, results and tests.
     @property
@@ -273,7 +283,8 @@ class ClientWorker:
         clip = float((public or {}).get("clip_norm", self.pipeline.clip_norm))
         # z_Δ under adaptive clipping (the count release spends the rest of the budget), else z.
         z_noise = priv.update_noise_multiplier if priv is not None else 0.0
-        for res in self.trainer.train(global_flat, rnd, clients, ctx):
+        trained = self.trainer.train(global_flat, rnd, clients, ctx)
+        for res in timed(trained, self.timer, "local_training"):
             delta = self._update(res, global_flat, lr, ctx)
             update = clip_update(delta, clip)
             out.max_clipped_norm = max(out.max_clipped_norm, update.out_norm)
@@ -288,7 +299,7 @@ class ClientWorker:
                 noise = gaussian_noise(delta.numel(), std, source).to(self.device)
                 total += update.update.double() + noise * support
             else:
-                total.add_(update.update)  # promoted to float64 element-wise, no copy
+                add_float64_(total, update.update)  # promoted to float64 element-wise
             out.num_clients += 1
             out.norm_sum += update.norm if math.isfinite(update.norm) else 0.0
             out.num_clipped += int(update.clipped)
@@ -332,7 +343,8 @@ class ClientWorker:
         """``train_shard`` plus its client count as a second (tiny) return value, which
         the Ray executor fetches to learn that the shard finished without moving the
         O(d) partial sum through the driver."""
-        partial = self.train_shard(global_weights, rnd, clients, public)
+        with self.timer.phase("worker_shard"):
+            partial = self.train_shard(global_weights, rnd, clients, public)
         return partial, partial.num_clients
 
     @torch.no_grad()

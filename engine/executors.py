@@ -39,6 +39,7 @@ from engine.client import ClientWorker, LocalSpec, client_costs, owner_shard, sh
 from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
 from engine.evaluation import combine_sums, eval_slices
+from engine.phases import OFF
 from engine.server import Server, ServerSpec, is_eval_round
 
 ACTOR_START_TIMEOUT_S = 180.0
@@ -136,6 +137,9 @@ class WorkerPool(Protocol):
     """
 
     retries: int  # actor losses survived so far (0 in process)
+    timer: Any  # engine.phases: OFF unless a benchmark installed a PhaseTimer
+
+    def set_timer(self, timer: Any) -> None: ...
 
     def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]: ...
 
@@ -168,16 +172,21 @@ def play_round(pool: WorkerPool, rnd: int, plan: RoundPlan) -> dict:
     reduced, privatised and accounted by the server; then evaluated on evaluation
     rounds. Returns the round's row.
     """
-    cohort, weights, public = pool.begin_round(rnd)
-    shards = shard_cohort(cohort, plan.num_shards, plan.costs)
+    timer = pool.timer
+    with timer.phase("begin_round"):
+        cohort, weights, public = pool.begin_round(rnd)
+    with timer.phase("shard_split"):
+        shards = shard_cohort(cohort, plan.num_shards, plan.costs)
     partials = pool.train(rnd, shards, weights, public)
     del weights, public
-    row = pool.finish_round(rnd, partials)
+    with timer.phase("finish_round"):
+        row = pool.finish_round(rnd, partials)
     evaluate = is_eval_round(rnd, plan.eval_every, plan.rounds)
     if evaluate:
-        weights = pool.current_weights()
-        sums = pool.evaluate(weights, plan.test_slices)
-        row["test_accuracy"], row["test_loss"] = combine_sums(sums)
+        with timer.phase("evaluation"):
+            weights = pool.current_weights()
+            sums = pool.evaluate(weights, plan.test_slices)
+            row["test_accuracy"], row["test_loss"] = combine_sums(sums)
     if plan.personal_clients is not None:
         row["personal_accuracy_nonprivate"] = float("nan")
         if evaluate:
@@ -193,6 +202,13 @@ class Executor:
 
     def __init__(self, pool: WorkerPool, plan: RoundPlan) -> None:
         self.pool, self.plan = pool, plan
+
+    def set_timer(self, timer: Any) -> None:
+        """Time the phases of every following round with ``timer`` (an
+        :class:`engine.phases.PhaseTimer`; ``engine.phases.OFF`` stops): the driver's
+        steps, the server's and, in process, the workers' (Ray workers keep their own:
+        :meth:`RayWorkerPool.take_worker_phase_times`). Changes no computation."""
+        self.pool.set_timer(timer)
 
     def run_round(self, rnd: int) -> dict:
         row = self.pool.attempt(rnd, lambda: play_round(self.pool, rnd, self.plan))
@@ -244,12 +260,17 @@ class InProcessPool:
     ) -> None:
         self.server = Server(dataset, server_spec)
         self.worker = ClientWorker(dataset, local_spec)
+        self.timer: Any = OFF
+
+    def set_timer(self, timer: Any) -> None:
+        self.timer = self.server.timer = self.worker.timer = timer
 
     def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
         return self.server.begin_round(rnd)
 
     def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
-        return [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
+        with self.timer.phase("train_shards"):
+            return [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
 
     def finish_round(self, rnd: int, partials: list) -> dict:
         return self.server.finish_round(rnd, *partials, evaluate=False)
@@ -430,6 +451,7 @@ class RayWorkerPool:
         self.personal = local_spec.pipeline.personal is not None
         self.retries = 0  # actor losses survived so far
         self.retry_seconds = 0.0  # wall time spent re-running lost work
+        self.timer: Any = OFF
         server: Any = self.server  # an actor handle (its methods are called by .remote())
         pings = [w.ping.remote() for w in self.workers] + [server.dim.remote()]
         ready, pending = ray.wait(pings, num_returns=len(pings), timeout=ACTOR_START_TIMEOUT_S)
@@ -507,6 +529,18 @@ class RayWorkerPool:
             f"round {rnd + 1}: {what} did not come back within {ACTOR_START_TIMEOUT_S:.0f} s"
         )
 
+    def set_timer(self, timer: Any) -> None:
+        """The driver's (and a driver server's) phases go to ``timer``; each worker
+        actor keeps its own, read with :meth:`take_worker_phase_times`."""
+        self.timer = timer
+        if isinstance(self.server, DriverServer):
+            self.server.instance.timer = timer
+        self._ray.get([w.set_timing.remote(timer.enabled) for w in self.workers])
+
+    def take_worker_phase_times(self) -> list[dict[str, float]]:
+        """Each worker's phase seconds since the last call (empty when not timing)."""
+        return self._ray.get([w.take_phase_times.remote() for w in self.workers])
+
     # ----------------------------------------------------- what play_round calls
     def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
         """The cohort (a value: the driver splits it), weights and public state (refs)."""
@@ -527,7 +561,13 @@ class RayWorkerPool:
                 .remote(weights, rnd, shards[i], public)
             )
 
-        refs = [submit(i) for i in range(len(self.workers))]
+        with self.timer.phase("dispatch"):
+            refs = [submit(i) for i in range(len(self.workers))]
+        # The round's noise depends on no client data: the server draws it now, while
+        # the shards train (in the driver, or queued on a server actor before
+        # finish_round), instead of after the last partial sum has arrived.
+        t_wait = time.perf_counter()
+        self.server.prepare_noise.remote(rnd)
         partials = [r[0] for r in refs]
         pending = {i: refs[i][1] for i in range(len(refs))}
         while pending:
@@ -545,6 +585,7 @@ class RayWorkerPool:
                     raise _RestartRound() from e
                 partials[i], pending[i] = submit(i)
                 self.retry_seconds += time.perf_counter() - t0
+        self.timer.add("train_wait", time.perf_counter() - t_wait)
         return partials
 
     def finish_round(self, rnd: int, partials: list) -> dict:
@@ -586,7 +627,8 @@ class RayWorkerPool:
                         self._await_restart(a, "an actor", rnd)
                 self._restore_round_checkpoint()
                 self.retry_seconds += time.perf_counter() - t0
-        self._save_round_checkpoint()
+        with self.timer.phase("round_checkpoint_refs"):
+            self._save_round_checkpoint()
         return row
 
     def weights(self) -> np.ndarray:

@@ -23,6 +23,7 @@ FedAvg (non-private) skips clipping and noise and divides by the realised cohort
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +37,9 @@ from engine.client import PartialSum, reduce_partials
 from engine.data.federated import FederatedDataset
 from engine.evaluation import evaluate as evaluate_model
 from engine.evaluation import membership_inference_auc
-from engine.privacy import tree_aggregation
+from engine.phases import OFF
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
-from engine.privacy.mechanisms import gaussian_noise, privatize_sum
+from engine.privacy.mechanisms import privatize_sum, server_noise
 from engine.worker_model import flatten_params, init_process_model, load_flat_, personal_mask
 
 
@@ -77,9 +78,6 @@ def sample_cohort(
     Fixed-size cohorts are already O(cohort) (numpy's ``choice`` without replacement
     uses Floyd's algorithm when the cohort is ≤ N/50)."""
     n = spec.num_clients
-    if spec.mode == "epochs":  # DP-FTRL: disjoint cohorts in passes over the population
-        assert spec.cohort_size is not None and not secure  # secure: refused by the plan
-        return tree_aggregation.epoch_cohort(seed, rnd, n, spec.cohort_size)
     if secure:
         src = rngs.SecureRandom()
         if spec.mode == "fixed":
@@ -186,14 +184,6 @@ class Server:
             if priv is not None
             else None
         )
-        # DP-FTRL (tree aggregation): the server steps on noisy prefix sums, its own state
-        self.correlated = (
-            priv.server_state(
-                spec.sampling.rounds_per_epoch, spec.sampling.denominator, spec.server_lr
-            )
-            if priv is not None and getattr(priv, "correlated", False)
-            else None
-        )
         self.rounds_done = 0
         # The round's clip norm C_t: fixed, or adaptive from C_0 (public, from released
         # counts); inf for a non-private recipe.
@@ -203,6 +193,9 @@ class Server:
             from engine.audit import CanaryAudit
 
             self.audit = CanaryAudit(spec.audit, self.weights)
+        #: (round, z, C_t, noise) drawn by :meth:`prepare_noise` while the round trained
+        self._noise: tuple[int, float, float, torch.Tensor] | None = None
+        self.timer = OFF  # engine.phases: a benchmark's PhaseTimer, else records nothing
 
     def dim(self) -> int:
         return int(self.weights.numel())
@@ -216,7 +209,6 @@ class Server:
             "rounds_done": self.rounds_done,
             "clip_norm": self.clip_norm,
             "audit": None if self.audit is None else self.audit.state_dict(),
-            **({} if self.correlated is None else {"correlated": self.correlated.state_dict()}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -227,8 +219,6 @@ class Server:
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
         if self.audit is not None and state.get("audit") is not None:
             self.audit.load_state_dict(state["audit"])
-        if self.correlated is not None:
-            self.correlated.load_state_dict(state["correlated"])
 
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
@@ -238,9 +228,10 @@ class Server:
         if rnd != self.rounds_done:
             raise RuntimeError(f"round {rnd} requested but {self.rounds_done} rounds are done")
         public = {"g_tilde": None if self.g_tilde is None else self.g_tilde.numpy()}
-        cohort = sample_cohort(
-            self.spec.sampling, self.spec.seed, rnd, self.spec.secure, self.on_demand
-        )
+        with self.timer.phase("cohort_sampling"):
+            cohort = sample_cohort(
+                self.spec.sampling, self.spec.seed, rnd, self.spec.secure, self.on_demand
+            )
         if self.adaptive is not None:
             public["clip_norm"] = self.clip_norm  # C_t: clients clip (and count) with it
         return cohort, self.weights.numpy(), public
@@ -256,6 +247,38 @@ class Server:
 
         return self.pipeline.noise_support(self.head_mask, randk_mask)
 
+    def _draw_noise(self, rnd: int, z: float, clip: float) -> torch.Tensor:
+        """Round ``rnd``'s server noise N(0, (z·C)² I) on its support, from the round's
+        own stream (keyed by (seed, round)) or, in release mode, the OS CSPRNG."""
+        spec = self.spec
+        return server_noise(
+            self.dim(),
+            noise_multiplier=z,
+            clip_norm=clip,
+            generator=(
+                rngs.SecureRandom() if spec.secure else rngs.torch_gen(spec.seed, rngs.NOISE, rnd)
+            ),
+            support=self.noise_support(rnd),
+        )
+
+    def _round_noise_multiplier(self) -> float:
+        priv = self.pipeline.privatizer
+        assert priv is not None  # only private recipes add server noise
+        return priv.update_noise_multiplier if priv.site == "server" else 0.0
+
+    def prepare_noise(self, rnd: int) -> None:
+        """Draw round ``rnd``'s server noise now, after :meth:`begin_round` and while the
+        round's clients train (the executor calls it then), so that
+        :meth:`finish_round` only adds it. The noise depends on no client data: only on
+        z, the round's public C_t, its stream and its public support, all fixed when the
+        round begins; the values are those :meth:`finish_round` would draw itself
+        (bit-identical), and it is still added exactly once, to this round's sum."""
+        if self.pipeline.privatizer is None or rnd != self.rounds_done:
+            return
+        z, clip = self._round_noise_multiplier(), self.clip_norm
+        with self.timer.phase("noise_draw_ahead"):
+            self._noise = (rnd, z, clip, self._draw_noise(rnd, z, clip))
+
     def finish_round(self, rnd: int, *partials: PartialSum, evaluate: bool = True) -> dict:
         """Aggregate the shards' partial sums, privatise, post-process, update, account.
 
@@ -264,25 +287,28 @@ class Server:
         """
         spec, pipe = self.spec, self.pipeline
         before = self.weights
-        total = reduce_partials(list(partials), self.dim())
+        with self.timer.phase("reduce"):
+            total = reduce_partials(list(partials), self.dim())
         summed = torch.from_numpy(total.update_sum)
         priv = pipe.privatizer
         clip_t = self.clip_norm  # C_t bounded this round's sensitivity; size noise with it
         if self.audit is not None:  # canary clients' clipped updates join the sum
             summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
+        t_update = time.perf_counter()
         if priv is not None:
-            server_noise = priv.site == "server"
+            z = self._round_noise_multiplier()
+            ahead, self._noise = self._noise, None
+            if ahead is not None and ahead[:3] == (rnd, z, clip_t):
+                noise = ahead[3]
+            else:
+                with self.timer.phase("noise_draw"):
+                    noise = self._draw_noise(rnd, z, clip_t)
             avg = privatize_sum(
                 summed,
-                noise_multiplier=priv.update_noise_multiplier if server_noise else 0.0,
+                noise_multiplier=z,
                 clip_norm=clip_t,
                 denominator=spec.sampling.denominator,
-                generator=(
-                    rngs.SecureRandom()
-                    if spec.secure
-                    else rngs.torch_gen(spec.seed, rngs.NOISE, rnd)
-                ),
-                support=self.noise_support(rnd),
+                noise=noise,
             )
         else:
             avg = summed / total.num_clients if total.num_clients else torch.zeros_like(summed)
@@ -290,14 +316,7 @@ class Server:
         ctx = {"shapes": self.shapes, "g_tilde": self.g_tilde, "steps": spec.steps, "lr": lr}
         for transform in pipe.server_transforms:
             avg = transform.apply(avg, ctx)
-        if self.correlated is not None:  # DP-FTRL: this round's noise is its tree node
-            node = gaussian_noise(  # the round's own stream: the values privatize_sum drew
-                self.dim(),
-                self.correlated.privatizer.noise_multiplier * clip_t,
-                rngs.torch_gen(spec.seed, rngs.NOISE, rnd),
-            )
-            self.weights = self.correlated.step(rnd, summed, self.weights, node)
-        elif pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
+        if pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
             k_lr = lr * float(spec.steps or 1)
             g_new = -avg / k_lr
             if pipe.server_update.smoothing is not None:
@@ -306,6 +325,7 @@ class Server:
             self.weights = self.weights - (spec.server_lr * k_lr * g_new).to(torch.float32)
         else:
             self.weights = self.weights + (spec.server_lr * avg).to(torch.float32)
+        self.timer.add("server_update", time.perf_counter() - t_update)  # noise_draw included
         self.rounds_done = rnd + 1
         n = total.num_clients
         extra: dict = {}
@@ -313,8 +333,6 @@ class Server:
             extra = self._adapt_clip_norm(rnd, total)
         if self.audit is not None:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
-        if self.correlated is not None:
-            extra["epoch"] = self.correlated.epoch(rnd)  # the tree (pass) the round was in
         row: dict = {
             "round": rnd + 1,
             "cohort_size": spec.sampling.denominator,

@@ -1,0 +1,234 @@
+"""Where a round's time goes: per phase and per round, through Ray and in one process.
+
+Usage::
+
+    python benchmarks/round_phases.py [--workload cnn resnet18_gn] [--executor ray local]
+        [--rounds 4] [--workers 2] [--quick]
+
+Runs ``simulate`` (``write=True`` into a temporary folder, so checkpoints and Parquet
+rows are timed too) on ``benchmarks/bench.py``'s workloads (``resnet18_gn`` with its
+small CPU sizes when no GPU is visible) with an :class:`engine.phases.PhaseTimer`
+installed on the executor (``Executor.set_timer``); engine code runs unchanged, the
+timer only reads the clock. Printed, per round and as the mean of rounds 2..N:
+
+* driver: ``begin_round`` (the server samples the cohort and hands out the weights),
+  ``shard_split``, ``dispatch`` (submitting the shards), ``train_wait`` (the driver
+  waits for the slowest shard), ``finish_round`` (moving the partial sums to the server,
+  ``reduce``, ``noise_draw`` when not drawn ahead, ``server_update``), ``evaluation``,
+  ``round_checkpoint_refs`` (Ray's in-memory round checkpoint), ``checkpoint_state`` and
+  ``checkpoint_file`` (the state gathered and written before the row), ``parquet_row``;
+  ``noise_draw_ahead`` is the server's noise drawn while the shards train (off the
+  critical path when a core is free);
+* workers (Ray: read from each actor after the round): ``local_training`` (inside the
+  trainer) and ``partial_sum`` (the rest of the shard: differences, clipping, the
+  float64 sum and its hand-over), and ``idle`` = ``train_wait`` − the worker's shard;
+* ``other`` = the round's wall time (between two ``on_round`` calls) − the driver's
+  phases: row assembly, metrics and Ray's bookkeeping.
+
+A Tune report is where ``on_round`` is called in a trial (``benchmarks/tune_overhead.py``
+measures Tune's cost); here ``on_round`` only reads the timers. The object sizes moved
+per round are printed from d: the weights (float32, one object read by every worker),
+the k partial sums (float64: the privacy argument's exact summation, see README) and the
+round checkpoint. Timings are wall-clock on a possibly shared machine: the load average
+is printed with every table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import bench  # noqa: E402  (its workloads and data: the same as bench.py's)
+
+import engine.simulate as sim  # noqa: E402
+from engine.config import load_config  # noqa: E402
+from engine.phases import PhaseTimer  # noqa: E402
+from engine.results import RoundWriter  # noqa: E402
+
+DRIVER_PHASES = [
+    "begin_round",
+    "shard_split",
+    "dispatch",
+    "train_wait",
+    "train_shards",
+    "finish_round",
+    "evaluation",
+    "round_checkpoint_refs",
+    "checkpoint_state",
+    "checkpoint_file",
+    "parquet_row",
+]
+SERVER_PHASES = ["cohort_sampling", "noise_draw_ahead", "reduce", "noise_draw", "server_update"]
+WORKER_PHASES = ["local_training", "partial_sum", "idle"]
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+class Recorder:
+    """Installs the timer on the run's executor and reads every phase after each round."""
+
+    def __init__(self) -> None:
+        self.timer = PhaseTimer()
+        self.executor: Any = None
+        self.rounds: list[dict[str, float]] = []
+        self.dim = 0
+        self.workers = 1
+        self.t_last = 0.0
+
+    def make_executor(self, original):
+        def wrapped(prep, *a, **k):
+            ex = original(prep, *a, **k)
+            ex.set_timer(self.timer)
+            self.executor = ex
+            pool = ex.pool
+            server = getattr(pool, "server", None)
+            inner = getattr(server, "instance", server)
+            self.dim = int(inner.dim()) if hasattr(inner, "dim") and inner else 0
+            if not self.dim:  # a server actor
+                self.dim = int(pool._ray.get(server.dim.remote()))
+            self.workers = len(getattr(pool, "workers", [])) or prep.config.ray.num_workers
+            checkpoint = ex.checkpoint
+
+            def timed_checkpoint():
+                with self.timer.phase("checkpoint_state"):
+                    return checkpoint()
+
+            ex.checkpoint = timed_checkpoint
+            self.t_last = time.perf_counter()
+            return ex
+
+        return wrapped
+
+    def on_round(self, row: dict, executor: Any) -> None:
+        now = time.perf_counter()
+        rec = dict(self.timer.take())
+        rec["round_wall"] = now - self.t_last
+        pool = executor.pool
+        if hasattr(pool, "take_worker_phase_times"):
+            per = pool.take_worker_phase_times()
+            wait = rec.get("train_wait", 0.0)
+            lt = [w.get("local_training", 0.0) for w in per]
+            shard = [w.get("worker_shard", 0.0) for w in per]
+            rec["local_training"] = max(lt)
+            rec["partial_sum"] = max(s - t for s, t in zip(shard, lt))
+            rec["idle"] = statistics.mean(max(0.0, wait - s) for s in shard)
+        else:  # in process: the worker's timer is the driver's
+            rec["partial_sum"] = rec.get("train_shards", 0.0) - rec.get("local_training", 0.0)
+        outer = sum(rec.get(k, 0.0) for k in DRIVER_PHASES)
+        rec["other"] = rec["round_wall"] - outer
+        self.rounds.append(rec)
+        self.t_last = time.perf_counter()
+
+
+def run(w, ds, executor: str, workers: int, gpu: bool) -> tuple[Recorder, float]:
+    overrides = bench.dpfl_overrides(w, workers, None, gpu)
+    overrides = [o for o in overrides if not o.startswith("ray.executor=")]
+    overrides.append(f"ray.executor={executor}")
+    rec = Recorder()
+    original_make, original_save = sim.make_executor, sim.save_checkpoint
+    original_append = RoundWriter.append
+
+    def save(out_dir, state):
+        with rec.timer.phase("checkpoint_file"):
+            original_save(out_dir, state)
+
+    def append(self, row):
+        with rec.timer.phase("parquet_row"):
+            return original_append(self, row)
+
+    sim.make_executor = rec.make_executor(original_make)
+    sim.save_checkpoint = save
+    RoundWriter.append = append  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = load_config(overrides=[*overrides, f"out={tmp}/run"])
+            t0 = time.perf_counter()
+            sim.simulate(cfg, dataset=ds, write=True, on_round=rec.on_round, run_name="phases")
+            wall = time.perf_counter() - t0
+    finally:
+        sim.make_executor, sim.save_checkpoint = original_make, original_save
+        RoundWriter.append = original_append  # type: ignore[method-assign]
+    return rec, wall
+
+
+def report(name: str, rec: Recorder, wall: float) -> None:
+    rows = rec.rounds
+    keys = [
+        k
+        for k in [*DRIVER_PHASES, *SERVER_PHASES, *WORKER_PHASES, "other", "round_wall"]
+        if any(k in r for r in rows)
+    ]
+    print(f"\n-- {name}: d = {rec.dim:,}, workers = {rec.workers}; load average {load()}")
+    head = f"{'phase (s)':24s}" + "".join(f"{'r' + str(i + 1):>8s}" for i in range(len(rows)))
+    print(head + f"{'mean 2..':>9s}{'share':>7s}")
+    steady = rows[1:] or rows
+    wall_mean = statistics.mean(r["round_wall"] for r in steady)
+    for k in keys:
+        vals = [r.get(k, 0.0) for r in rows]
+        m = statistics.mean(r.get(k, 0.0) for r in steady)
+        cells = "".join(f"{v:8.3f}" for v in vals)
+        print(f"{k:24s}{cells}{m:9.3f}{m / wall_mean:7.1%}")
+    d, k = rec.dim, rec.workers
+    print(
+        f"objects per round: weights {d * 4 / 2**20:.1f} MiB (float32, read by {k} workers); "
+        f"partial sums {k} x {d * 8 / 2**20:.1f} MiB (float64); round checkpoint "
+        f"{d * 4 / 2**20:.1f} MiB; noise {d * 8 / 2**20:.1f} MiB (float64, in the server)"
+    )
+    train = statistics.mean(r.get("local_training", 0.0) for r in steady)
+    print(
+        f"{name}: round {wall_mean:.3f} s, client training (slowest worker) {train:.3f} s, "
+        f"outside training {1 - train / wall_mean:.1%}; simulate wall {wall:.2f} s; "
+        f"load average {load()}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", nargs="+", default=["cnn", "resnet18_gn"])
+    ap.add_argument("--executor", nargs="+", default=["ray", "local"], choices=["ray", "local"])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    cuda = torch.cuda.is_available()
+    print(f"== round phases; torch {torch.__version__}, CUDA {cuda}; load average {load()}")
+    ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False)
+    try:
+        for name in args.workload:
+            w = bench.WORKLOADS[name]
+            gpu = w.gpu and cuda
+            if w.gpu and not cuda:
+                w = dataclasses.replace(w, **bench.RESNET_CPU)
+            if args.quick:
+                w = bench.quick_variant(w)
+            w = dataclasses.replace(w, rounds=args.rounds)
+            ds = bench.make_dataset(w)
+            for ex in args.executor:
+                rec, wall = run(w, ds, ex, args.workers, gpu and ex == "ray")
+                report(f"{name} / {ex}", rec, wall)
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Issue 26: work taken off a round's critical path changes no value, bit for bit.
+
+* the server noise drawn while the round trains (``Server.prepare_noise``) equals the
+  noise ``finish_round`` draws itself, and is used once, for its own round only;
+* the chunked float64 scale-and-cast of clipping and the chunked float64 accumulation
+  of a worker's partial sum equal the one-shot tensor expressions they replace;
+* a :class:`engine.phases.PhaseTimer` installed on an executor records phases and
+  changes no result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import load_config
+from engine.phases import OFF, PhaseTimer, timed
+from engine.privacy import mechanisms
+from engine.privacy.mechanisms import add_float64_, clip_update, privatize_sum, server_noise
+from engine.rng import torch_gen
+from engine.simulate import make_executor, prepare
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize("n", [5, mechanisms._CHUNK, 3 * mechanisms._CHUNK + 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scale_cast_equals_the_one_shot_expression(n: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, generator=g) * torch.logspace(-30, 3, n)).to(dtype)
+    x[::97] = -0.0
+    for factor in (0.3, 1e-7, 1.0 / 3.0, 7.5e5):
+        want = (x.double() * factor).to(dtype)
+        got = mechanisms._scale_cast(x, factor, dtype)
+        assert np.array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("n", [9, 2 * mechanisms._CHUNK + 5])
+def test_add_float64_equals_add_(n: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    total = torch.randn(n, generator=g, dtype=torch.float64) * 1e-3
+    total[::5] = -0.0
+    x = torch.randn(n, generator=g) * 10.0
+    x[::7] = -0.0
+    want = total.clone()
+    want.add_(x)
+    add_float64_(total, x)
+    assert np.array_equal(bits(total), bits(want))
+
+
+def test_clip_update_unchanged_on_large_updates() -> None:
+    """The chunked path of ``clip_update`` against the former expression, incl. ‖·‖ ≤ C."""
+    g = torch.Generator().manual_seed(2)
+    for scale in (1e-3, 1.0, 1e3):
+        u = torch.randn(3 * mechanisms._CHUNK + 1, generator=g) * scale
+        for c in (0.01, 0.5, 1.0):
+            res = clip_update(u, c)
+            norm = float(torch.linalg.vector_norm(u, dtype=torch.float64))
+            if norm > c:
+                ref, after = mechanisms._cast_within(u.double() * (c / norm), u.dtype, c)
+                assert np.array_equal(bits(res.update), bits(ref))
+                assert res.out_norm == after <= c
+            else:
+                assert res.update is u
+
+
+def test_noise_drawn_ahead_is_the_same_noise() -> None:
+    d = 1000
+    support = (torch.arange(d) % 3 == 0).double()
+    for z in (0.0, 1.3):
+        kw = {"noise_multiplier": z, "clip_norm": 0.7}
+        s = torch.randn(d, dtype=torch.float64)
+        drawn_inside = privatize_sum(
+            s, denominator=11.0, generator=torch_gen(0, 2, 5), support=support, **kw
+        )
+        ahead = server_noise(d, generator=torch_gen(0, 2, 5), support=support, **kw)
+        given = privatize_sum(s, denominator=11.0, noise=ahead, **kw)
+        assert np.array_equal(bits(given), bits(drawn_inside))
+    with pytest.raises(ValueError, match="generator or the noise"):
+        privatize_sum(s, noise_multiplier=1.0, clip_norm=1.0, denominator=1.0)
+
+
+def _pool(overrides: list[str]):
+    cfg = load_config(overrides=overrides)
+    return make_executor(prepare(cfg)).pool
+
+
+def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrides) -> None:
+    """Rounds with ``prepare_noise`` equal rounds without it, bit for bit; noise drawn for
+    another round (or another C_t) is never used, and a used draw is gone."""
+    ov = [*small_overrides, "privacy.epsilon=null", "privacy.noise_multiplier=1.0"]
+    plain, ahead = _pool(ov), _pool(ov)
+    for rnd in range(3):
+        rows = []
+        for pool, draw in ((plain, False), (ahead, True)):
+            cohort, w, public = pool.begin_round(rnd)
+            if draw:
+                pool.server.prepare_noise(rnd)
+                pool.server.prepare_noise(rnd + 5)  # not this round: ignored
+                assert pool.server._noise is not None and pool.server._noise[0] == rnd
+            partials = pool.train(rnd, [cohort], w, public)
+            rows.append(pool.finish_round(rnd, partials))
+            assert pool.server._noise is None
+        assert np.array_equal(plain.server.get_weights(), ahead.server.get_weights())
+        assert rows[0]["epsilon"] == rows[1]["epsilon"]
+    # a stale draw (another clip norm) is ignored: the round draws its own
+    cohort, w, public = ahead.begin_round(3)
+    ahead.server.prepare_noise(3)
+    rnd_, z, _c, noise = ahead.server._noise
+    ahead.server._noise = (rnd_, z, _c * 2, torch.zeros_like(noise))
+    cohort_p, w_p, public_p = plain.begin_round(3)
+    a = ahead.finish_round(3, ahead.train(3, [cohort], w, public))
+    b = plain.finish_round(3, plain.train(3, [cohort_p], w_p, public_p))
+    assert np.array_equal(plain.server.get_weights(), ahead.server.get_weights())
+    assert a["epsilon"] == b["epsilon"]
+
+
+def test_phase_timer_records_and_changes_nothing(small_overrides) -> None:
+    ov = [*small_overrides, "privacy.epsilon=null", "privacy.noise_multiplier=1.0"]
+    cfg = load_config(overrides=ov)
+    quiet, timed_ex = make_executor(prepare(cfg)), make_executor(prepare(cfg))
+    timer = PhaseTimer()
+    timed_ex.set_timer(timer)
+    seen: list[dict[str, float]] = []
+    for rnd in range(cfg.rounds):
+        a, b = quiet.run_round(rnd), timed_ex.run_round(rnd)
+        assert a.keys() == b.keys()
+        for k in a:
+            nan = isinstance(a[k], float) and math.isnan(a[k])
+            assert (nan and math.isnan(b[k])) or a[k] == b[k], k
+        seen.append(timer.take())
+    assert np.array_equal(quiet.weights(), timed_ex.weights())
+    for phases in seen:
+        for name in ("begin_round", "train_shards", "local_training", "reduce", "finish_round"):
+            assert phases[name] >= 0.0
+        assert phases["train_shards"] >= phases["local_training"]
+    assert timer.take() == {}  # take() clears
+
+
+def test_timed_passes_items_through_and_is_identity_when_off() -> None:
+    items = [1, 2, 3]
+    assert timed(items, OFF, "x") is items
+    t = PhaseTimer()
+    assert list(timed(iter(items), t, "x")) == items
+    assert set(t.take()) == {"x"}
