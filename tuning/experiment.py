@@ -59,6 +59,9 @@ SMOKE = {
     "ray.num_cpus_per_worker": 0.5,
 }
 HEAD_CPUS = 0.5
+#: Trials sharing one GPU when the cluster has GPUs and ``ray.num_gpus_per_worker`` is
+#: unset (``tune.trials_per_gpu``; see :func:`pack_trials_per_gpu`).
+TRIALS_PER_GPU = 4
 #: Where a trial's simulation runs (``tune.trial_executor``): ``auto`` is ``local``
 #: (inside the trial's own process) when ``ray.num_workers == 1`` — one worker actor
 #: would add a process to start and no parallelism — else ``ray.executor``.
@@ -93,7 +96,7 @@ def read_tune_file(path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {}
     tree = read_yaml_mapping(path)
     tune_section = tree.pop("tune", {}) or {}
-    known = {"space", "checkpoint_every", "head_cpus", "trial_executor", "runner"}
+    known = {"space", "checkpoint_every", "head_cpus", "trial_executor", "runner", "trials_per_gpu"}
     unknown = set(tune_section) - known
     if unknown:
         raise ConfigError(
@@ -296,6 +299,32 @@ def trial_bundles(ray_cfg, head: float) -> list[dict[str, float]]:
     ] * ray_cfg.num_workers
 
 
+def pack_trials_per_gpu(config: RunConfig, trials_per_gpu: Any, cluster_gpus: float) -> RunConfig:
+    """Give each trial 1/``trials_per_gpu`` of a GPU (``tune.trials_per_gpu``).
+
+    Applies when the Ray cluster has GPUs, ``ray.num_gpus_per_worker`` is 0 (unset: an
+    explicit share wins), ``ray.gpu_packing=fixed`` and ``ray.worker_device`` is not
+    ``cpu``: a trial's share is split over its client workers (one share for
+    ``ray.executor=local``, whose trial trains in its own process), so its placement
+    group asks for 1/``trials_per_gpu`` GPU in all and that many trials run side by
+    side on each GPU. Ray's fractional GPUs are scheduling labels, not memory limits:
+    vectorised groups are sized from the worker's share of the card
+    (:mod:`engine.resources`), and ``tune.trials_per_gpu: 1`` gives every trial a whole
+    GPU. Only where trials run changes (float rounding on a GPU), never what they compute.
+    """
+    if isinstance(trials_per_gpu, bool) or not isinstance(trials_per_gpu, int):
+        raise ConfigError(f"tune.trials_per_gpu={trials_per_gpu!r}: must be an integer >= 1")
+    if trials_per_gpu < 1:
+        raise ConfigError(f"tune.trials_per_gpu={trials_per_gpu}: must be an integer >= 1")
+    r = config.ray
+    if cluster_gpus <= 0 or r.num_gpus_per_worker > 0 or r.gpu_packing != "fixed":
+        return config
+    if r.worker_device == "cpu":
+        return config
+    workers = 1 if r.executor == "local" else r.num_workers
+    return replace(config, **{"ray.num_gpus_per_worker": 1.0 / (trials_per_gpu * workers)})
+
+
 def _check_trial_fits(ray_cfg, head: float) -> None:
     """One trial's placement group must fit the cluster's CPUs, or Tune waits forever
     with every trial PENDING: a one-line error naming the keys instead."""
@@ -486,6 +515,14 @@ def run_tune(
     head = float(tune_section.get("head_cpus", HEAD_CPUS))
     if runner == "tune" or config.ray.executor == "ray":
         ensure_ray(config.ray, extra_cpus=head)
+    if runner == "tune":
+        import ray
+
+        config = pack_trials_per_gpu(
+            config,
+            tune_section.get("trials_per_gpu", TRIALS_PER_GPU),
+            float(ray.cluster_resources().get("GPU", 0.0)),
+        )
     if runner == "tune" and not (config.ray.address or os.environ.get("RAY_ADDRESS")):
         _check_trial_fits(config.ray, head)  # a cluster may autoscale
     out.mkdir(parents=True, exist_ok=True)

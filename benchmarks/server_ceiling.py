@@ -1,0 +1,127 @@
+"""The server's ceiling: rounds per second it sustains with no training at all.
+
+Usage::
+
+    python benchmarks/server_ceiling.py [--dims 2000000 11000000] [--workers 1 8 64]
+        [--rounds 3]
+
+For each model size d and number k of client workers, a real :class:`engine.server.Server`
+(DP-FedAvg, Poisson sampling, z = 1, C = 1, the ``cnn`` (2.16M parameters) or
+``resnet18_gn`` (11.2M) model nearest to d) runs rounds on k ready-made float64 partial
+sums of d coordinates each (one buffer passed k times: each is read from memory, as k
+distinct partial sums would be). Per round it times ``begin_round`` (cohort, weights out),
+``finish_round`` (reduce of the k partials, noise, update, ε) with the noise drawn inside,
+and the noise draw alone (what ``prepare_noise`` moves off the critical path while
+clients train), and prints rounds/s with and without the noise draw. The partial sums
+reach a server in the driver zero-copy from Ray's object store on one machine; across
+machines each is d × 8 bytes on the server's network link, so the printout adds the
+time k partials take at 25 and 100 Gbit/s (computed, not measured). Timings are
+wall-clock on a possibly shared machine: the load average is printed with each line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from engine.client import PartialSum  # noqa: E402
+from engine.config import load_config  # noqa: E402
+from engine.data.federated import FederatedDataset  # noqa: E402
+from engine.server import Server  # noqa: E402
+from engine.simulate import make_executor, prepare  # noqa: E402
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def tiny_cifar(num_clients: int = 1000) -> FederatedDataset:
+    """A CIFAR-shaped dataset of one image per client (the server never trains)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((num_clients, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, num_clients).astype(np.int64)
+    return FederatedDataset(
+        name="cifar10",
+        x_train=x,
+        y_train=y,
+        client_train=[np.array([i]) for i in range(num_clients)],
+        client_test=[np.zeros(0, np.int64) for _ in range(num_clients)],
+        x_test=x[:10],
+        y_test=y[:10],
+        num_classes=10,
+        input_shape=(3, 32, 32),
+    )
+
+
+def make_server(model: str) -> Server:
+    cfg = load_config(
+        overrides=[
+            "algorithm=dp_fedavg",
+            "dataset.name=cifar10",
+            "dataset.num_clients=1000",
+            f"model.name={model}",
+            "sampling.rate=0.05",
+            "privacy.epsilon=null",
+            "privacy.noise_multiplier=1.0",
+            "rounds=1000",
+            "eval.every=1000",
+            "ray.executor=local",
+        ]
+    )
+    ex = make_executor(prepare(cfg, dataset=tiny_cifar()))
+    return ex.pool.server  # the in-process pool's Server
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["cnn", "resnet18_gn"])
+    ap.add_argument("--workers", nargs="+", type=int, default=[1, 8, 64])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"== server ceiling (one torch thread); load average {load()}")
+    for model in args.models:
+        server = make_server(model)
+        d = server.dim()
+        partial = np.random.default_rng(1).standard_normal(d) * 1e-3
+        for k in args.workers:
+            begin, finish, noise = [], [], []
+            for _ in range(args.rounds):
+                rnd = server.rounds_done
+                t0 = time.perf_counter()
+                cohort, _, _ = server.begin_round(rnd)
+                t1 = time.perf_counter()
+                server._draw_noise(rnd, 1.0, server.clip_norm)  # the draw alone
+                t2 = time.perf_counter()
+                parts = [PartialSum(update_sum=partial, num_clients=1) for _ in range(k)]
+                server.finish_round(rnd, *parts, evaluate=False)  # noise drawn inside
+                t3 = time.perf_counter()
+                begin.append(t1 - t0)
+                noise.append(t2 - t1)
+                finish.append(t3 - t2)
+            b, n, f = (statistics.median(v) for v in (begin, noise, finish))
+            net = [k * d * 8 * 8 / (g * 1e9) for g in (25, 100)]
+            print(
+                f"{model}: d = {d:,}, k = {k:3d}: begin {b * 1e3:7.1f} ms, finish "
+                f"{f * 1e3:8.1f} ms (noise draw {n * 1e3:6.1f} ms of it) -> "
+                f"{1 / (b + f):6.2f} rounds/s, {1 / (b + f - n):6.2f} with the noise drawn "
+                f"ahead; k partials over 25/100 Gbit/s: {net[0]:.2f}/{net[1]:.2f} s; "
+                f"load average {load()}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
