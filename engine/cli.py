@@ -547,17 +547,27 @@ def _compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--epsilons: {','.join(names)} are not private; nothing to budget")
     seeds = _seeds(args.seeds)
     out = Path(args.out) if args.out else _default_out("compare")
-    if args.out:
-        _check_out(out, "--out", args.overwrite)
+    if args.resume:
+        if args.overwrite:
+            raise ConfigError("--resume continues the comparison, --overwrite replaces it")
+        if not args.out:
+            raise ConfigError("--resume: give the comparison to continue with --out DIR")
+        if not out.is_dir():
+            raise ConfigError(f"--out={str(out)!r}: no such folder to --resume")
+    elif args.out:
+        _check_out(out, "--out", args.overwrite, "--resume")
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
     if config.ray.executor == "ray":
         _check_resources(config)  # before any folder, data or Ray
-    cmp.validate(cmp.plan(config, names, out, seeds, epsilons, variants))  # before any folder
-    out = _claim_out(out, args.overwrite, default=not args.out)
+    planned = cmp.plan(config, names, out, seeds, epsilons, variants)
+    cmp.validate(planned)  # before any folder
+    done = cmp.check_resume(planned, out) if args.resume else None  # every run's folder
+    if not args.resume:
+        out = _claim_out(out, args.overwrite, default=not args.out)
     runs = cmp.plan(config, names, out, seeds, epsilons, variants)  # (a default name: suffix)
     with _quiet_ray(out, args.verbose, config.ray.executor == "ray"):
-        rows = cmp.run(runs, out, progress=not args.quiet)
+        rows = cmp.run(runs, out, progress=not args.quiet, done=done)
     summary = cmp.summarize(rows)
     if preset is not None:
         print(f"{preset.paper}: {preset.table} ({args.scale} scale)\nclaim: {preset.claim}")

@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument(
         "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
     )
+    cmp_.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the comparison in --out (give the same flags): finished runs are "
+        "kept, interrupted ones continue from their checkpoints",
+    )
     _add_console_args(cmp_)
 
     tu = sub.add_parser("tune", help="hyperparameter search at fixed budgets (Ray Tune)")

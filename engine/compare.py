@@ -116,9 +116,69 @@ def validate(runs: list[PlannedRun]) -> None:
             prepare(c)
 
 
-def run(runs: list[PlannedRun], out: Path, progress: bool = True) -> pd.DataFrame:
+#: Keys a resumed comparison may change: where the results and Ray are.
+RESUME_MAY_DIFFER = ("out", "ray.address", "ray.executor")
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            flat.update(_flat(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def check_resume(runs: list[PlannedRun], out: Path) -> dict[str, Any]:
+    """``dpfl compare --resume``: every planned run's folder that exists, checked before
+    anything is written (:func:`engine.run_folder.check_run_folder`: its config, its
+    checkpoint, every released row) and compared with the run the flags plan now.
+    Returns the checked folders by run folder; ConfigError (one line) otherwise."""
+    from engine.run_folder import check_run_folder
+
+    again = f"start the comparison again with dpfl compare --out {out} --overwrite"
+    found: dict[str, Any] = {}
+    for label, c in runs:
+        folder = Path(str(c.out))
+        if not folder.exists():
+            continue
+        checked = check_run_folder(folder, restart=again)
+        before, now = _flat(checked.config.to_dict()), _flat(c.to_dict())
+        for key in sorted(set(before) | set(now)):
+            if key not in RESUME_MAY_DIFFER and before.get(key) != now.get(key):
+                raise ConfigError(
+                    f"--resume: the flags give {key}={now.get(key)!r} but "
+                    f"{folder / 'config.json'} ran {label} with {before.get(key)!r}; resume "
+                    "with the flags the comparison started with (nothing was changed)"
+                )
+        found[str(folder)] = checked
+    if not found and not (Path(out) / "compare.parquet").exists():
+        raise ConfigError(f"--out={str(out)!r}: no dpfl compare results there to --resume")
+    return found
+
+
+def _finished(c: RunConfig, checked: Any) -> Any:
+    """A finished run's result as on disk (nothing is computed or rewritten)."""
+    import json
+
+    from engine.simulate import SimulationResult
+
+    privacy = json.loads((Path(str(c.out)) / "config.json").read_text())["privacy"]
+    weights = checked.state["server"]["weights"]
+    return SimulationResult(c, privacy, checked.rows, weights, Path(str(c.out)))
+
+
+def run(
+    runs: list[PlannedRun],
+    out: Path,
+    progress: bool = True,
+    done: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
     """Run every planned run; one row per run (its label as ``algorithm``, its recipe
-    as ``recipe``, its seed) in ``out/compare.parquet``, rewritten after each run."""
+    as ``recipe``, its seed) in ``out/compare.parquet``, rewritten after each run.
+    ``done`` (:func:`check_resume`): runs whose folder exists; a finished one is read
+    from disk, an interrupted one continues from its checkpoint."""
     from engine.simulate import simulate
 
     owns_ray = False
@@ -133,7 +193,11 @@ def run(runs: list[PlannedRun], out: Path, progress: bool = True) -> pd.DataFram
             if progress:
                 print(f"[{i}/{len(runs)}] {label} seed={c.seed}", flush=True)
             t0 = time.perf_counter()
-            res = simulate(c, progress=progress)
+            checked = (done or {}).get(str(c.out))
+            if checked is not None and checked.status == "complete":
+                res = _finished(c, checked)
+            else:  # fresh, or continued from its checkpoint ("start": from round 0)
+                res = simulate(c, progress=progress, resume=checked.state if checked else None)
             acc = res.rounds["test_accuracy"].dropna()
             row = {
                 "epsilon_target": c.privacy.epsilon if c.is_private else math.inf,
@@ -147,6 +211,9 @@ def run(runs: list[PlannedRun], out: Path, progress: bool = True) -> pd.DataFram
                 "best_accuracy": float(acc.max()) if len(acc) else math.nan,
                 "wall_time_s_nonprivate": time.perf_counter() - t0,
             }
+            if checked is not None and "wall_time_s_nonprivate" in res.rounds:
+                # a finished or continued run: its own clock (seconds since its round 1)
+                row["wall_time_s_nonprivate"] = float(res.rounds["wall_time_s_nonprivate"].iloc[-1])
             if "personal_accuracy_nonprivate" in res.rounds:
                 pa = res.rounds["personal_accuracy_nonprivate"].dropna()
                 row["personal_accuracy_nonprivate"] = float(pa.iloc[-1]) if len(pa) else math.nan

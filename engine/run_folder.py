@@ -67,7 +67,7 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _read_config(out: Path) -> RunConfig:
+def _read_config(out: Path, restart: str) -> RunConfig:
     from engine.config import config_from_dict, replace
 
     path = out / CONFIG_FILE
@@ -79,17 +79,17 @@ def _read_config(out: Path) -> RunConfig:
                 f"own: {', '.join(str(out / s) for s in seeds)}"
             )
         if (out / CHECKPOINT_FILE).exists() or (out / ROUNDS_FILE).exists():
-            raise _refuse(out, f"{path} is missing", _start_again(out))
+            raise _refuse(out, f"{path} is missing", restart)
         raise ConfigError(f"--resume {out}: {path} is missing (expected the folder of a dpfl run)")
     try:
         tree = json.loads(path.read_text(encoding="utf-8"))["config"]
         config = config_from_dict(tree)
     except (ValueError, KeyError, TypeError, ConfigError, UnicodeDecodeError) as e:
-        raise _refuse(out, f"{path} is damaged ({_why(e)})", _start_again(out)) from None
+        raise _refuse(out, f"{path} is damaged ({_why(e)})", restart) from None
     return replace(config, out=str(out))
 
 
-def _read_checkpoint(out: Path, config: RunConfig) -> dict | None:
+def _read_checkpoint(out: Path, config: RunConfig, restart: str) -> dict | None:
     path = out / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -97,17 +97,17 @@ def _read_checkpoint(out: Path, config: RunConfig) -> dict | None:
         state = pickle.loads(path.read_bytes())
         done = int(state["server"]["rounds_done"])
     except Exception as e:  # noqa: BLE001 - any unreadable pickle is a damaged file
-        raise _refuse(out, f"{path} is damaged ({_why(e)})", _start_again(out)) from None
+        raise _refuse(out, f"{path} is damaged ({_why(e)})", restart) from None
     if not 1 <= done <= config.rounds:
         raise _refuse(
             out,
             f"{path} is at round {done}, outside rounds=1..{config.rounds} of {CONFIG_FILE}",
-            _start_again(out),
+            restart,
         )
     return state
 
 
-def _read_rows(out: Path) -> pd.DataFrame | None:
+def _read_rows(out: Path, restart: str) -> pd.DataFrame | None:
     path = out / ROUNDS_FILE
     if not path.exists():
         return None
@@ -118,12 +118,10 @@ def _read_rows(out: Path) -> pd.DataFrame | None:
         raise _refuse(
             out,
             f"{path} is damaged ({_why(e)}): its released rows cannot be read",
-            _start_again(out),
+            restart,
         ) from None
     if rounds != list(range(1, len(rounds) + 1)):
-        raise _refuse(
-            out, f"{path} does not hold rounds 1..{len(rounds)} in order", _start_again(out)
-        )
+        raise _refuse(out, f"{path} does not hold rounds 1..{len(rounds)} in order", restart)
     return rows
 
 
@@ -135,16 +133,18 @@ def _same(a: Any, b: Any) -> bool:
     return (math.isnan(fa) and math.isnan(fb)) or fa == fb
 
 
-def check_run_folder(out: str | Path) -> RunFolder:
+def check_run_folder(out: str | Path, restart: str | None = None) -> RunFolder:
     """Read and check the folder of an interrupted (or finished) ``dpfl run``;
     ConfigError (one line naming the file and what is left) when it cannot be
-    continued without losing or recomputing a released round. Writes nothing."""
+    continued without losing or recomputing a released round. Writes nothing.
+    ``restart``: the choice the refusal names (default: ``dpfl run --overwrite``)."""
     out = Path(out)
+    restart = restart or _start_again(out)
     if not out.is_dir():
         raise ConfigError(f"--resume {out}: no such folder")
-    config = _read_config(out)
-    state = _read_checkpoint(out, config)
-    rows = _read_rows(out)
+    config = _read_config(out, restart)
+    state = _read_checkpoint(out, config, restart)
+    rows = _read_rows(out, restart)
     m = 0 if rows is None else len(rows)
     ckpt = out / CHECKPOINT_FILE
     if state is None:
@@ -154,7 +154,7 @@ def check_run_folder(out: str | Path) -> RunFolder:
             out,
             f"{ckpt} is missing but {out / ROUNDS_FILE} holds {m} released rounds, "
             "which cannot be continued without the state after them",
-            _start_again(out),
+            restart,
         )
     done = int(state["server"]["rounds_done"])
     assert rows is not None or m == 0
@@ -163,7 +163,7 @@ def check_run_folder(out: str | Path) -> RunFolder:
             out,
             f"{out / ROUNDS_FILE} holds {m} rounds but {ckpt} is at round {done} "
             "(continuing would compute released rounds again)",
-            _start_again(out),
+            restart,
         )
     pending = state.get("row")
     if m < done - 1 or (m == done - 1 and (pending is None or int(pending["round"]) != done)):
@@ -172,7 +172,7 @@ def check_run_folder(out: str | Path) -> RunFolder:
             out,
             f"{where} but {ckpt} is at round {done}: the rows of rounds {m + 1}.."
             f"{done - (1 if pending is not None else 0)} are lost",
-            _start_again(out),
+            restart,
         )
     if rows is not None and m:
         for col, want in (("algorithm", config.algorithm), ("seed", config.seed)):
@@ -181,7 +181,7 @@ def check_run_folder(out: str | Path) -> RunFolder:
                     out,
                     f"{out / ROUNDS_FILE} holds rows of another run ({col} is not "
                     f"{want!r} as in {CONFIG_FILE})",
-                    _start_again(out),
+                    restart,
                 )
         if m == done and pending is not None:
             last = rows.iloc[-1]
@@ -191,7 +191,7 @@ def check_run_folder(out: str | Path) -> RunFolder:
                         out,
                         f"round {done} of {out / ROUNDS_FILE} disagrees with {ckpt} "
                         f"({col}: {last[col]!r} != {pending[col]!r})",
-                        _start_again(out),
+                        restart,
                     )
     status = "complete" if done == config.rounds and m == done else "continue"
     frame = rows if rows is not None else pd.DataFrame()

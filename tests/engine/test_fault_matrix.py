@@ -191,9 +191,7 @@ def test_intact_stopped_run_resumes_bit_identical(folders, tmp_path, capsys, sta
     _assert_equals_oracle(folder, folders["full"])
 
 
-def test_run_that_died_before_its_first_checkpoint_starts_again(
-    folders, tmp_path, capsys
-) -> None:
+def test_run_that_died_before_its_first_checkpoint_starts_again(folders, tmp_path, capsys) -> None:
     """Only config.json exists (no round ended): the resume starts the run in its folder,
     equal to the uninterrupted run."""
     folder = tmp_path / "no_round"
@@ -232,3 +230,80 @@ def test_oracle_is_not_trivial(folders) -> None:
     assert len(pd.read_parquet(folders["before_row"] / "rounds.parquet")) == 2
     eps = list(pd.read_parquet(folders["full"] / "rounds.parquet")["epsilon"])
     assert all(math.isfinite(e) for e in eps) and eps == sorted(eps) and eps[0] < eps[-1]
+
+
+# ------------------------------------------------------------- dpfl compare --resume
+
+COMPARE = ["compare", "-q", "-a", "dp_fedavg,fedavg"]
+for _o in RUN:
+    COMPARE += ["--set", _o]
+
+
+@pytest.fixture(scope="module")
+def comparisons(tmp_path_factory) -> dict[str, Path]:
+    """An uninterrupted comparison, and one whose second run died after round 2."""
+    import engine.simulate as sim
+
+    root = tmp_path_factory.mktemp("compare")
+    assert main([*COMPARE, "--out", str(root / "full")]) == 0
+    real = sim.simulate
+
+    def dying(config, **kw):
+        if config.algorithm != "fedavg":
+            return real(config, **kw)
+
+        def on_round(row: dict, _executor) -> None:
+            if int(row["round"]) == 2:
+                raise Crash
+
+        return real(config, on_round=on_round, **kw)
+
+    sim.simulate = dying
+    try:
+        with pytest.raises(Crash):
+            main([*COMPARE, "--out", str(root / "stopped")])
+    finally:
+        sim.simulate = real
+    return {"full": root / "full", "stopped": root / "stopped"}
+
+
+def test_compare_resume_equals_uninterrupted(comparisons, tmp_path, capsys) -> None:
+    folder = tmp_path / "stopped"
+    shutil.copytree(comparisons["stopped"], folder)
+    finished = _tree(folder / "dp_fedavg")
+    assert len(pd.read_parquet(folder / "fedavg" / "rounds.parquet")) == 2
+    assert main([*COMPARE, "--out", str(folder), "--resume"]) == 0
+    assert _tree(folder / "dp_fedavg") == finished  # read from disk, not run again
+    for label in ("dp_fedavg", "fedavg"):
+        got = pd.read_parquet(folder / label / "rounds.parquet")
+        want = pd.read_parquet(comparisons["full"] / label / "rounds.parquet")
+        cols = [c for c in want.columns if c not in TIMING]
+        pd.testing.assert_frame_equal(got[cols], want[cols], check_exact=True)
+    got = pd.read_parquet(folder / "compare.parquet")
+    want = pd.read_parquet(comparisons["full"] / "compare.parquet")
+    cols = [c for c in want.columns if c not in TIMING]
+    pd.testing.assert_frame_equal(got[cols], want[cols], check_exact=True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "damaged", "needles"),
+    [
+        ([], "fedavg/rounds.parquet", ["fedavg/rounds.parquet", "damaged", "--overwrite"]),
+        ([], "fedavg/checkpoint.pkl", ["fedavg/checkpoint.pkl", "compare --out"]),
+        (["--set", "local.lr=0.5"], None, ["local.lr=0.5", "config.json"]),
+    ],
+)
+def test_compare_resume_refuses_in_one_line(
+    comparisons, tmp_path, capsys, extra, damaged, needles
+) -> None:
+    folder = tmp_path / "stopped"
+    shutil.copytree(comparisons["stopped"], folder)
+    if damaged is not None:
+        _damage(folder / damaged, "truncate")
+    before = _tree(folder)
+    capsys.readouterr()
+    assert main([*COMPARE, *extra, "--out", str(folder), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dpfl: error: "), err
+    assert all(n in err[0] for n in needles), err
+    assert _tree(folder) == before
