@@ -307,3 +307,44 @@ def test_compare_resume_refuses_in_one_line(
     assert len(err) == 1 and err[0].startswith("dpfl: error: "), err
     assert all(n in err[0] for n in needles), err
     assert _tree(folder) == before
+
+
+# ----------------------------------------------------------------- on Ray
+
+
+@pytest.mark.ray
+def test_stopped_run_resumes_on_ray_equal_to_uninterrupted(
+    ray_session, folders, tmp_path, capsys
+) -> None:
+    """The in-process and Ray executors are bit-identical, so a run stopped under one
+    continues under the other (``--executor ray``) to the uninterrupted rows."""
+    folder = tmp_path / "before_row"
+    shutil.copytree(folders["before_row"], folder)
+    capsys.readouterr()
+    assert main(["run", "-q", "--resume", str(folder), "--executor", "ray"]) == 0
+    got = pd.read_parquet(folder / "rounds.parquet")
+    want = pd.read_parquet(folders["full"] / "rounds.parquet")
+    cols = [c for c in want.columns if c not in TIMING]
+    pd.testing.assert_frame_equal(got[cols], want[cols], check_exact=True)
+    assert json.loads((folder / "config.json").read_text())["config"]["ray"]["executor"] == "ray"
+
+
+@pytest.mark.ray
+def test_damaged_run_is_refused_before_ray_starts(folders, tmp_path, capsys) -> None:
+    import ray
+
+    was_up = ray.is_initialized()
+    folder = tmp_path / "after_row"
+    shutil.copytree(folders["after_row"], folder)
+    _damage(folder / "checkpoint.pkl", "garbage")
+    before = _tree(folder)
+    rc, err, _ = _resume_with(folder, capsys, "--executor", "ray")
+    _assert_refused(rc, err, str(folder / "checkpoint.pkl"), before, folder)
+    assert ray.is_initialized() == was_up  # no Ray was started for a refusal
+
+
+def _resume_with(folder: Path, capsys, *extra: str) -> tuple[int, list[str], str]:
+    capsys.readouterr()
+    rc = main(["run", "-q", "--resume", str(folder), *extra])
+    captured = capsys.readouterr()
+    return rc, captured.err.strip().splitlines(), captured.out
