@@ -699,7 +699,16 @@ def _report(args: argparse.Namespace) -> int:
             f"DIR={args.dir!r}: no trials.parquet and rounds/ there{what}; "
             "dpfl report reads the folder of a finished dpfl tune"
         )
-    columns = pd.read_parquet(directory / "trials.parquet").columns
+    import pyarrow as pa
+
+    try:
+        columns = pd.read_parquet(directory / "trials.parquet").columns
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(
+            f"DIR={args.dir!r}: {directory / 'trials.parquet'} is damaged "
+            f"({type(e).__name__}); dpfl tune --resume --out {args.dir} with the sweep's "
+            "flags rebuilds it from the trials' rows"
+        ) from None
     have = sorted(c[len("final_") :] for c in columns if c.startswith("final_"))
     if f"final_{args.metric}" not in columns:
         raise ConfigError(

@@ -45,6 +45,9 @@ def workdir(tmp_path, monkeypatch) -> Path:
     pd.DataFrame(
         {"trial_id": ["a"], "final_test_accuracy": [0.5], "best_test_accuracy": [0.5]}
     ).to_parquet(exp / "trials.parquet")
+    bad = tmp_path / "badexp"
+    (bad / "rounds").mkdir(parents=True)
+    (bad / "trials.parquet").write_bytes(b"PAR1 truncated")
     return tmp_path
 
 
@@ -129,6 +132,10 @@ CASES = {
     "report no folder": (["report", "nothere"], ["nothere"]),
     "report on a compare folder": (["report", "cmp"], ["cmp", "trials.parquet", "compare"]),
     "report metric": (["report", "exp", "--metric", "foo"], ["--metric='foo'", "test_accuracy"]),
+    "report damaged trials table": (
+        ["report", "badexp"],
+        ["badexp/trials.parquet", "damaged", "dpfl tune --resume"],
+    ),
     # privacy
     "privacy bad delta": (
         ["privacy", "--epsilon", "4", "--delta", "2", "--sampling-rate", "0.1", "--rounds", "3"],
