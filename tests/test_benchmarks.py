@@ -227,3 +227,127 @@ def test_gpu_vectorized_groups_reproduce_one_by_one_on_the_cpu(tmp_path: Path) -
         assert r["note"] == f"ray.clients_per_worker_batch={r['group']}"
         assert r["rel_diff_vs_one_by_one"] < 1e-4
         assert r["clients_per_s"] > 0
+
+
+# --------------------------------------------------------------------------- tight floor
+def _reference_dp_fedavg(bench: ModuleType, w, ds) -> np.ndarray:
+    """An independent, deliberately plain DP-FedAvg loop (a fresh model per client,
+    torch.optim.SGD, clip by Δ·min(1, C/‖Δ‖) in float64, noise in logical order): the
+    oracle the tight floor must reproduce to float rounding."""
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+
+    def fresh() -> nn.Module:
+        gen = bench.torch_stream(w.seed, bench.MODEL_INIT)
+        return bench.build_model(w.model, ds.input_shape, ds.num_classes, gen)
+
+    model = fresh()
+    global_w = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
+    for rnd in range(w.rounds):
+        total = torch.zeros_like(global_w)
+        for c in bench.poisson_cohort(w.num_clients, w.rate, w.seed, rnd):
+            local = fresh()
+            offset = 0
+            with torch.no_grad():
+                for p in local.parameters():
+                    p.copy_(global_w[offset : offset + p.numel()].view_as(p).float())
+                    offset += p.numel()
+            opt = torch.optim.SGD(local.parameters(), lr=w.lr)
+            batches = bench.minibatches(
+                ds.client_train[c], w.batch_size, w.epochs, w.seed, rnd, int(c)
+            )
+            for b in batches:
+                x, y = torch.from_numpy(ds.x_train[b]), torch.from_numpy(ds.y_train[b])
+                opt.zero_grad()
+                nn.functional.cross_entropy(local(x), y).backward()
+                opt.step()
+            new = torch.cat([p.detach().reshape(-1) for p in local.parameters()]).double()
+            delta = new - global_w.float().double()
+            norm = float(delta.norm())
+            total += delta * min(1.0, w.clip_norm / norm)
+        noise = torch.randn(
+            len(global_w),
+            generator=bench.torch_stream(w.seed, bench.NOISE, rnd),
+            dtype=torch.float64,
+        )
+        total += noise * (w.noise_multiplier * w.clip_norm)
+        global_w = (global_w.float() + (total / (w.rate * w.num_clients)).float()).double()
+    return global_w.float().numpy()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_tight_floor_reproduces_a_plain_reference_loop(layout: str) -> None:
+    """The tight floor (flat views, one add_ per step, flat clip) computes DP-FedAvg:
+    its final model equals an independent straightforward loop's to float rounding,
+    in either memory layout, and its step counts add up."""
+    import dataclasses
+
+    import torch
+
+    bench = _load_bench()
+    w = dataclasses.replace(
+        bench.quick_variant(bench.WORKLOADS["cnn"]),
+        num_clients=40,
+        mean_samples=12,
+        rate=0.2,
+        rounds=2,
+        input_shape=(1, 8, 8),
+        test_size=50,
+    )
+    ds = bench.make_dataset(w)
+    got = bench.run_plain(w, ds, torch.device("cpu"), layout, record_rounds=1)
+    want = _reference_dp_fedavg(bench, w, ds)
+    assert got["layout"] == layout
+    rel = np.linalg.norm(got["_weights"] - want) / np.linalg.norm(want)
+    assert rel < 1e-5, rel
+    assert got["steps"] == sum(got["round_steps"]) > 0
+    assert len(got["_batches"]) == got["round_steps"][0]  # round 1's, for the minimal loop
+    assert 0 < got["train_s"] < got["wall_s"]
+    assert got["outside_training_s"] == pytest.approx(got["wall_s"] - got["train_s"])
+    assert bench.minimal_loop(w, ds, got["_batches"], torch.device("cpu"), layout) > 0
+
+
+def test_flat_model_views_keep_each_parameter_layout() -> None:
+    """Parameters and gradients become views of two flat vectors with their own
+    strides (channels_last stays channels_last), and ``logical`` maps flat positions
+    to the model's logical parameter order."""
+    import torch
+
+    bench = _load_bench()
+    model = bench.build_model("cnn", (1, 12, 12), 10, torch.Generator().manual_seed(0))
+    model = model.to(memory_format=torch.channels_last)
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    conv = next(p for p in model.parameters() if p.dim() == 4)
+    fm = bench.FlatModel(model, torch.device("cpu"))
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    for p in fm.params:
+        assert p.untyped_storage().data_ptr() == fm.flat.untyped_storage().data_ptr()
+        assert p.grad.untyped_storage().data_ptr() == fm.grad.untyped_storage().data_ptr()
+    assert torch.equal(fm.logical_weights(), before)
+    assert torch.equal(before[fm.logical], fm.flat)  # flat[j] is logical entry logical[j]
+    x = torch.randn(3, 1, 12, 12)
+    fm.grad.zero_()
+    torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 2])).backward()
+    assert fm.grad.abs().sum() > 0  # autograd accumulated into the flat gradient
+
+
+def test_w1_files_are_read_by_the_engine(tmp_path: Path) -> None:
+    """W1's MNIST-format files round-trip through the engine's reader: every client
+    holds 34-35 examples (all trained on) and the test set has the asked size."""
+    import dataclasses
+
+    from engine import rng as rngs
+    from engine.config import load_config
+    from engine.data import build_dataset
+
+    bench = _load_bench()
+    w = dataclasses.replace(bench.W1, num_clients=20, test_size=30)
+    root = bench.write_w1_files(w, tmp_path, n_train=20 * 34 + 10)
+    cfg = load_config(overrides=bench.w1_overrides(w, root, 2, "auto"))
+    assert cfg.dataset.client_test_fraction == 0
+    ds = build_dataset(cfg.dataset, rngs.numpy_rng(0, rngs.DATA))
+    assert sorted(set(ds.client_sizes().tolist())) == [34, 35]
+    assert len(ds.y_test) == 30 and ds.x_train.shape[1:] == (1, 28, 28)
+    assert sum(len(t) for t in ds.client_test) == 0
