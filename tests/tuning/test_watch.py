@@ -169,3 +169,24 @@ def test_watch_redraws_as_the_folder_grows(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert (tmp_path / LIVE_ROUND_PNG).read_bytes().startswith(PNG)
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--watch", "{dir}/plain"], ["plain", "not a dpfl tune folder"]),
+        (["--watch", "{dir}/sweep", "--interval", "0"], ["--interval=0.0"]),
+        (["--watch", "{dir}/sweep", "--iterations", "0"], ["--iterations=0"]),
+    ],
+)
+def test_watch_errors_are_one_line_naming_the_value(tmp_path, capsys, args, named) -> None:
+    from engine.cli import main
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "sweep" / "tune").mkdir(parents=True)
+    argv = ["report", *[a.format(dir=tmp_path) for a in args]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("dpfl: error: ")
+    assert all(n in err for n in named), err
+    assert not any((tmp_path / "sweep").glob("live_*.png"))
