@@ -892,6 +892,19 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[QUIET_ENV] = quiet_before
         timeline.mark("command done")
         timeline.dump()
+        _no_colour_reset_at_exit()
+
+
+def _no_colour_reset_at_exit() -> None:
+    """Ray's CLI logger calls ``colorama.init(strip=False)`` when imported, which
+    registers an exit hook that writes ``ESC[0m`` to a terminal after dpfl's last line;
+    dpfl prints no colour, so the hook is removed."""
+    import atexit
+
+    initialise = sys.modules.get("colorama.initialise")
+    reset = getattr(initialise, "reset_all", None)
+    if reset is not None:
+        atexit.unregister(reset)
 
 
 if __name__ == "__main__":  # pragma: no cover

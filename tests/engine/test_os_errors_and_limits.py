@@ -277,3 +277,41 @@ def test_raylet_warnings_go_to_ray_log(tmp_path, capsys) -> None:
     captured = capsys.readouterr()
     assert "worker processes" not in captured.out + captured.err
     assert "(raylet) WARNING: 89 worker processes" in (tmp_path / "ray.log").read_text()
+
+
+def test_no_colour_reset_written_to_a_terminal_at_exit(tmp_path) -> None:
+    """Importing Ray's CLI logger registers colorama's exit hook, which wrote a stray
+    ``ESC[0m`` to the terminal after dpfl's last line."""
+    import os
+    import subprocess
+
+    code = (
+        "import sys, ray.autoscaler._private.cli_logger\n"
+        "from engine.cli import main\n"
+        "sys.exit(main(['algorithms']))\n"
+    )
+    primary, secondary = os.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
+            timeout=120,
+        )
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the child's side is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(primary)
+    out = b"".join(chunks)
+    assert proc.returncode == 0, proc.stderr
+    assert b"dp_fedavg" in out  # the terminal did receive the command's output
+    assert b"\x1b[0m" not in out
