@@ -125,6 +125,14 @@ PAPERS: dict[str, Paper] = {
         2021,
         "2103.00039",
     ),
+    "dp_bandmf": Paper(
+        "(Amplified) Banded Matrix Factorization: A unified approach to private training",
+        "Christopher A. Choquette-Choo, Arun Ganesh, Ryan McKenna, H. Brendan McMahan, "
+        "Keith Rush, Abhradeep Thakurta, Zheng Xu",
+        "NeurIPS",
+        2023,
+        "2306.08153",
+    ),
 }
 
 
@@ -137,6 +145,9 @@ class Entry:
     private: bool
     papers: tuple[str, ...]  # keys of PAPERS, the method's own paper first
     section: int  # docs/algorithms.md §N
+    # A personalised recipe (parts of the model stay on the client): its metric needs a
+    # held-out split of each client's data (engine.config: dataset.client_test_fraction).
+    personal: bool = False
 
     def citation(self) -> str:
         return "; ".join(PAPERS[k].short() for k in self.papers)
@@ -215,6 +226,7 @@ CATALOG: dict[str, Entry] = {
             True,
             ("dp2_fedsam",),
             6,
+            personal=True,
         ),
         Entry(
             "dp_fedpgn",
@@ -236,6 +248,13 @@ CATALOG: dict[str, Entry] = {
             True,
             ("dp_ftrl",),
             11,
+        ),
+        Entry(
+            "dp_bandmf",
+            "DP-BandMF: b-banded correlated noise, b-min-separated participation",
+            True,
+            ("dp_bandmf",),
+            12,
         ),
     )
 }

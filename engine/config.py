@@ -24,6 +24,11 @@ import yaml
 
 from algorithms.catalog import CATALOG
 
+#: Share of each client's data held out when a metric needs it (personalised recipes,
+#: membership inference) and ``dataset.client_test_fraction`` is null; also what a
+#: DatasetConfig built outside a RunConfig (tests, benchmarks) holds out.
+HELD_OUT_FRACTION = 0.2
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
@@ -42,7 +47,9 @@ class DatasetConfig:
     num_clients: int = 1000
     partition: str = "iid"
     alpha: float = 0.5
-    client_test_fraction: float = 0.2
+    # None: resolved by RunConfig from the algorithm (RunConfig.default_client_test_fraction:
+    # 0, or HELD_OUT_FRACTION for a personal metric); config.json records the resolved value.
+    client_test_fraction: float | None = None
     emnist_split: str = "byclass"
     synthetic_model: str = "shared"  # shared labelling rule | per_client (FedProx as published)
     synthetic_alpha: float = 1.0
@@ -63,6 +70,7 @@ class DatasetConfig:
             "synthetic",
             "digits",
             "mnist",
+            "fashion_mnist",
             "emnist",
             "cifar10",
             "cifar100",
@@ -80,7 +88,7 @@ class DatasetConfig:
         )
         _check(self.alpha > 0, "dataset.alpha", self.alpha, "must be > 0")
         _check(
-            0 <= self.client_test_fraction < 1,
+            self.client_test_fraction is None or 0 <= self.client_test_fraction < 1,
             "dataset.client_test_fraction",
             self.client_test_fraction,
             "must be in [0, 1)",
@@ -94,9 +102,18 @@ class DatasetConfig:
             f"use iid or dirichlet for dataset.name={self.name}",
         )
         modes = {
-            "standardize": ("mnist", "emnist", "cifar10", "cifar100", "svhn", "digits"),
+            "standardize": (
+                "mnist",
+                "fashion_mnist",
+                "emnist",
+                "cifar10",
+                "cifar100",
+                "svhn",
+                "digits",
+            ),
             "unit_interval": (
                 "mnist",
+                "fashion_mnist",
                 "emnist",
                 "cifar10",
                 "cifar100",
@@ -142,6 +159,13 @@ class DatasetConfig:
             self.public_eval_clients,
             "must be >= 1 (or null for the default, ceil(N/10))",
         )
+
+    @property
+    def held_out_fraction(self) -> float:
+        """``client_test_fraction``, or :data:`HELD_OUT_FRACTION` while it is unresolved
+        (only in a DatasetConfig built outside a RunConfig)."""
+        f = self.client_test_fraction
+        return HELD_OUT_FRACTION if f is None else f
 
     @property
     def num_public_eval_clients(self) -> int:
@@ -351,6 +375,7 @@ class AlgoConfig:
     randk_rescale: bool = False
     blur_lambda: float | None = None
     server_momentum: float | None = None  # DP-FTRL: momentum γ on noisy prefix sums
+    bands: int | None = None  # DP-BandMF: bands b of the strategy (b-min-separation)
     head_steps: int | None = None
     body_steps: int | None = None
     personal_layers: int = 1
@@ -399,6 +424,7 @@ class AlgoConfig:
             _check(v is None or v >= 1, f"algo.{key}", v, "must be >= 1")
         m = self.server_momentum
         _check(m is None or 0 <= m < 1, "algo.server_momentum", m, "must be in [0, 1)")
+        _check(self.bands is None or self.bands >= 1, "algo.bands", self.bands, "must be >= 1")
         _check(
             self.personal_layers >= 1, "algo.personal_layers", self.personal_layers, "must be >= 1"
         )
@@ -570,6 +596,11 @@ class RunConfig:
             self.algorithm,
             f"must be one of {ALGORITHMS} or {CUSTOM!r} (with a recipe: section)",
         )
+        if self.dataset.client_test_fraction is None:  # resolved here, so config.json has it
+            resolved = dataclasses.replace(
+                self.dataset, client_test_fraction=self.default_client_test_fraction()
+            )
+            object.__setattr__(self, "dataset", resolved)
         if self.algorithm != CUSTOM and self.recipe != RecipeConfig():
             changed = [
                 f.name
@@ -632,6 +663,18 @@ class RunConfig:
                     p.accountant,
                     "fixed-size sampling is accounted by RDP only (replace-one)",
                 )
+
+    def default_client_test_fraction(self) -> float:
+        """``dataset.client_test_fraction`` when it is null: 0 for a recipe that trains
+        one global model (clients train on all their data, as in the papers), and
+        :data:`HELD_OUT_FRACTION` when a metric needs each client's held-out split (a
+        personalised recipe's ``personal_accuracy_nonprivate``, or
+        ``eval.membership_inference``'s non-members)."""
+        if self.algorithm == CUSTOM:
+            personal = self.recipe.personal
+        else:
+            personal = CATALOG[self.algorithm].personal
+        return HELD_OUT_FRACTION if personal or self.eval.membership_inference else 0.0
 
     @property
     def is_private(self) -> bool:

@@ -20,14 +20,17 @@ KEY_HELP: dict[str, str] = {
     "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
     "rounds": "number of rounds T",
     "out": "results folder (null: results/<timestamp>-<algorithm>); never overwritten",
-    "dataset.name": "synthetic, digits (sklearn 8x8, offline), mnist, emnist, cifar10, "
-    "cifar100, svhn, femnist, shakespeare",
-    "dataset.root": "folder holding the dataset files (null for synthetic)",
+    "dataset.name": "synthetic, digits (sklearn 8x8, offline), mnist, fashion_mnist, emnist, "
+    "cifar10, cifar100, svhn, femnist, shakespeare",
+    "dataset.root": "folder holding the dataset files (null for synthetic; for fashion_mnist "
+    "null is /usr/share/datasets/fashion-mnist, Debian's dataset-fashion-mnist)",
     "dataset.download": "let torchvision download missing files (online only)",
     "dataset.num_clients": "N; for natural partitions, the first N writers/roles",
     "dataset.partition": "iid, dirichlet, or natural (synthetic, femnist, shakespeare)",
     "dataset.alpha": "Dirichlet concentration over labels (small = skewed)",
-    "dataset.client_test_fraction": "share of each client's data held out for personal eval",
+    "dataset.client_test_fraction": "share of each client's data held out for personal eval "
+    "(null: 0, or 0.2 for a personalised recipe or eval.membership_inference; config.json "
+    "records the resolved value)",
     "dataset.emnist_split": "EMNIST split (byclass, bymerge, balanced, letters, digits, mnist)",
     "dataset.synthetic_model": "shared: one labelling rule for all clients (public clients "
     "too); per_client: Synthetic(alpha, beta) as published (public accuracy ~ chance)",
@@ -43,7 +46,8 @@ KEY_HELP: dict[str, str] = {
         "test set; null: ceil(N/10)"
     ),
     "dataset.normalize": "image inputs: standardize (public per-channel constants) or "
-    "unit_interval ([0, 1]); null: the source's recipe",
+    "unit_interval ([0, 1]); null: the source's recipe (unit_interval for mnist, "
+    "fashion_mnist, emnist, femnist; standardize for cifar10, cifar100, svhn, digits)",
     "model.name": "logreg, mlp, cnn, resnet10_gn, resnet18_gn, char_lstm",
     "model.memory_format": "auto, contiguous or channels_last (conv layout; same maths)",
     "model.init": "default (PyTorch layer init from the seed) or zeros (logreg only)",
@@ -95,6 +99,8 @@ KEY_HELP: dict[str, str] = {
     "algo.randk_rescale": "rand-k: scale kept coordinates by d/k",
     "algo.blur_lambda": "BLUR weight lambda (null: recipe default)",
     "algo.server_momentum": "DP-FTRL: momentum on the noisy prefix sums (null: 0.9)",
+    "algo.bands": "DP-BandMF: bands b of the strategy; clients join one of any b rounds "
+    "(null: min(4, N/m))",
     "algo.head_steps": "DP2-FedSAM: local steps on the personal head",
     "algo.body_steps": "DP2-FedSAM: local steps on the shared body",
     "algo.personal_layers": "DP2-FedSAM: number of last Linear layers kept personal",

@@ -38,7 +38,7 @@ __all__ = [
     "load_pooled",
 ]
 
-TORCHVISION = ("mnist", "emnist", "cifar10", "cifar100", "svhn")
+TORCHVISION = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
 LEAF = ("femnist", "shakespeare")
 
 
@@ -88,7 +88,7 @@ def load_pooled(cfg, rng: np.random.Generator, public_clients: int = 0) -> Poole
         from engine.data.torchvision_sources import load_torchvision_source
 
         return load_torchvision_source(
-            cfg.name, cfg.root, cfg.download, cfg.emnist_split, normalize or "standardize"
+            cfg.name, cfg.root, cfg.download, cfg.emnist_split, normalize
         )
     if cfg.name in LEAF:
         from engine.data.leaf import load_leaf_source
@@ -201,7 +201,7 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         clients = iid_partition(n, cfg.num_clients, rng)
     else:
         clients = dirichlet_partition(pooled.y_train, cfg.num_clients, cfg.alpha, rng)
-    train, test = split_client_test(clients, cfg.client_test_fraction, rng)
+    train, test = split_client_test(clients, cfg.held_out_fraction, rng)
     return FederatedDataset(
         name=cfg.name,
         x_train=pooled.x_train,
@@ -238,7 +238,7 @@ def build_on_demand(cfg, rng: np.random.Generator) -> FederatedDataset:
     )
     k_pub = cfg.num_public_eval_clients
     x_test, y_test, _ = gen.clients([(1, np.arange(k_pub))])
-    population = OnDemandPopulation(gen, cfg.num_clients, cfg.client_test_fraction)
+    population = OnDemandPopulation(gen, cfg.num_clients, cfg.held_out_fraction)
     return FederatedDataset(
         name=cfg.name,
         x_train=OnDemandArray(population, 0),  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import pytest
 from engine.data import torchvision_sources as tvs
 from engine.data.sources import DatasetFilesMissing, PooledData
 from engine.data.torchvision_sources import (
+    DEFAULT_NORMALIZE,
     EMNIST_NUM_CLASSES,
     NORMALIZATION,
     check_torchvision_files,
@@ -45,7 +46,9 @@ def upright_images(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def pixels(data: PooledData, x: np.ndarray, name: str) -> np.ndarray:
-    """Undo the normalisation: recover the uint8 pixels."""
+    """Undo the source's default normalisation: recover the uint8 pixels."""
+    if DEFAULT_NORMALIZE[name] == "unit_interval":
+        return np.rint(x * 255.0).astype(np.int64)
     mean, std = (np.asarray(v, np.float32).reshape(1, -1, 1, 1) for v in NORMALIZATION[name])
     return np.rint((x * std + mean) * 255.0).astype(np.int64)
 
@@ -82,8 +85,9 @@ def test_mnist(tmp_path, gz: bool) -> None:
     )
     np.testing.assert_array_equal(data.y_train, arrays["train-labels-idx1-ubyte"])
     np.testing.assert_array_equal(data.y_test, arrays["t10k-labels-idx1-ubyte"])
-    assert data.x_train[0, 0, 2, 20] == pytest.approx((1.0 - 0.1307) / 0.3081, rel=1e-5)
-    assert data.x_train[0, 0, 20, 2] == pytest.approx(-0.1307 / 0.3081, rel=1e-5)
+    # MNIST's default is pixels in [0, 1] (issue 28; standardised before)
+    assert data.x_train[0, 0, 2, 20] == 1.0
+    assert data.x_train[0, 0, 20, 2] == 0.0
 
 
 def test_mnist_files_match_torchvision(tmp_path) -> None:
@@ -337,12 +341,15 @@ def test_read_idx_rejects_bad_files(tmp_path) -> None:
 def test_unit_interval_keeps_pixels_in_0_1_and_standardize_uses_published_constants(
     tmp_path,
 ) -> None:
-    """``dataset.normalize=unit_interval``: x = pixel / 255 exactly, in [0, 1]; the
-    default standardises with the published constants, not with the data's statistics
+    """``dataset.normalize=unit_interval``: x = pixel / 255 exactly, in [0, 1] (MNIST's
+    default); ``standardize`` uses the published constants, not the data's statistics
     (so one client's images never change another's)."""
     arrays = write_mnist(str(tmp_path), np.random.default_rng(1))
     unit = load_torchvision_source("mnist", str(tmp_path), normalize="unit_interval")
-    std = load_torchvision_source("mnist", str(tmp_path))
+    std = load_torchvision_source("mnist", str(tmp_path), normalize="standardize")
+    np.testing.assert_array_equal(
+        load_torchvision_source("mnist", str(tmp_path)).x_train, unit.x_train
+    )
     assert unit.x_train.min() >= 0.0 and unit.x_train.max() <= 1.0
     np.testing.assert_allclose(
         unit.x_train[:, 0], arrays["train-images-idx3-ubyte"] / 255.0, rtol=0, atol=1e-7

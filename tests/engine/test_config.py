@@ -52,7 +52,9 @@ def test_unreachable_epsilon_fails_before_work(tmp_path) -> None:
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("name", ["mnist", "emnist", "cifar10", "cifar100", "svhn"])
+@pytest.mark.parametrize(
+    "name", ["mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn"]
+)
 def test_missing_torchvision_files_name_path(tmp_path, name: str) -> None:
     cfg = load_config(overrides=[f"dataset.name={name}", f"dataset.root={tmp_path}"])
     with pytest.raises(ConfigError) as err:

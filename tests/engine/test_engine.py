@@ -193,6 +193,7 @@ def test_dp_training_learns_on_synthetic() -> None:
             "eval.every=30",
             "dataset.num_clients=600",
             "privacy.epsilon=8",
+            "dataset.client_test_fraction=0.2",  # dp_fedavg's default is 0 (issue 28)
         ]
     )
     res = simulate(cfg, write=False)
