@@ -20,9 +20,18 @@ workers: dpfl ≤ 0.75 × plain" and "≤ 0.6 × with dpfl's own speed-ups" (the
 vectorised clients and parallel evaluation; for the cnn on a CPU the gain comes from
 balanced shards, the ``channels_last`` layout and the lighter clip instead, so the
 verdict is printed with the configuration used). dpfl runs with
-``model.memory_format=--memory-format`` (default ``auto``), the plain loop with
-contiguous tensors. With ``--repeats R`` the two sides run alternately R times and
-the medians are reported.
+``model.memory_format=--memory-format`` (default ``auto``), the plain loop in the same
+layout (``auto``: ``channels_last`` for convolutions on the CPU, the faster there).
+With ``--repeats R`` the two sides run alternately R times and the medians are
+reported.
+
+The plain loop is a tight floor (issue 30): the data as tensors once, one model
+reused, parameters and gradients as views of two flat vectors (SGD in one ``add_``,
+the clip on a flat update, no per-client allocations), batched evaluation under
+``no_grad``. It prints its time per local step next to a minimal
+forward/backward/update loop's on the same minibatches (its first
+``--minimal-rounds`` rounds), and its time outside training. ``--workload w1`` times
+the floor and ``dpfl run`` as whole processes (see :func:`w1_main`).
 
 What is shared and what is independent
 --------------------------------------
@@ -59,6 +68,9 @@ What is measured
 * ``round loop``: plain — the rounds and the final evaluation; dpfl — the last
   round's ``wall_time_s_nonprivate`` (from the first round's start to the end of the last round,
   evaluation included).
+* ``time per local step``: plain — the time inside its local-step loops over the
+  number of steps; the minimal loop's on the same batches (gathered before its clock);
+  ``outside training`` = plain wall − that time.
 * ``ratio`` = dpfl wall / plain wall (the PASS/MISS basis); the round-loop ratio is
   printed too. ``client updates/s`` = trained clients / wall (and / round loop).
 * Peak memory: ``VmHWM`` from ``/proc/<pid>/status``. The driver's high-water mark is
@@ -1117,6 +1129,15 @@ def print_report(rep: dict[str, Any]) -> None:
     print(f"{'epsilon (dpfl accountant)':28s} {'not accounted':>18s} {eps:>18s}")
     if d:
         print(f"  (dpfl: {d['accountant']} accountant, delta={d['delta']:.3g}; from dpfl only)")
+    if p and "minimal_step_ms" in p:
+        print(
+            f"plain loop (tight floor, {p['layout']}): {p['step_ms']:.2f} ms per local step "
+            f"over {p['steps']} steps; on the {p['minimal_steps']} steps of its first rounds "
+            f"{p['same_batches_step_ms']:.2f} ms against the minimal loop's "
+            f"{p['minimal_step_ms']:.2f} ms (ratio "
+            f"{p['same_batches_step_ms'] / p['minimal_step_ms']:.3f}); outside training "
+            f"{p['outside_training_s']:.2f} s of {p['wall_s']:.2f} s (last repeat)"
+        )
     print(f"ray startup (ray.init, in neither wall time): {rep['ray_startup_s']:.2f} s")
     print(
         f"load average (1/5/15 min): {rep['hardware']['load_average_at_start']} at start, "
