@@ -351,3 +351,35 @@ def test_w1_files_are_read_by_the_engine(tmp_path: Path) -> None:
     assert sorted(set(ds.client_sizes().tolist())) == [34, 35]
     assert len(ds.y_test) == 30 and ds.x_train.shape[1:] == (1, 28, 28)
     assert sum(len(t) for t in ds.client_test) == 0
+
+
+def test_run_memory_finds_every_descendant_and_its_peak() -> None:
+    """run_memory.py's sampler sees processes below the one it runs (a grandchild
+    here) and reads each one's peak RSS; the driver is named as such."""
+    import subprocess
+    import time
+
+    spec = importlib.util.spec_from_file_location(
+        "dpfl_run_memory", REPO / "benchmarks" / "run_memory.py"
+    )
+    assert spec is not None and spec.loader is not None
+    rm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rm)
+    sleeper = "import time; time.sleep(30)"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        found: list[int] = []
+        for _ in range(100):
+            found = rm.descendants(child.pid)
+            if len(found) >= 2:
+                break
+            time.sleep(0.05)
+        assert found[0] == child.pid and len(found) >= 2  # the child and its child
+        status = rm.status_kb(found[1])
+        assert status["VmHWM"] >= status["RssAnon"] > 0
+        assert rm.name_of(child.pid, child.pid) == "driver (dpfl run)"
+    finally:
+        for pid in reversed(rm.descendants(child.pid)):
+            os.kill(pid, 9)
+        child.wait()
