@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine import timeline
 from engine.client import ClientWorker, LocalSpec, client_costs, owner_shard, shard_cohort
 from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
@@ -85,7 +86,9 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
         if ray_cfg.object_store_memory_mb:
             kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
     try:
+        timeline.mark("ray.init start")
         context = ray.init(**kwargs)
+        timeline.mark("ray.init done")
     except (ConnectionError, RuntimeError, ValueError) as e:
         if address:
             key = "ray.address" if ray_cfg.address else "$RAY_ADDRESS"
@@ -184,9 +187,11 @@ def play_round(pool: WorkerPool, rnd: int, plan: RoundPlan) -> dict:
     evaluate = is_eval_round(rnd, plan.eval_every, plan.rounds)
     if evaluate:
         with timer.phase("evaluation"):
+            timeline.mark("eval start")
             weights = pool.current_weights()
             sums = pool.evaluate(weights, plan.test_slices)
             row["test_accuracy"], row["test_loss"] = combine_sums(sums)
+            timeline.mark("eval end")
     if plan.personal_clients is not None:
         row["personal_accuracy_nonprivate"] = float("nan")
         if evaluate:
@@ -470,6 +475,7 @@ class RayWorkerPool:
         except Exception:
             self.close()  # free the actor names for the next attempt in this Ray session
             raise
+        timeline.mark("workers ready")
         if any(d != "cpu" for d in self.worker_devices):
             print(f"dpfl: client workers train on {self.worker_devices}", file=sys.stderr)
         self._save_round_checkpoint()
