@@ -24,6 +24,7 @@ import pandas as pd
 
 from algorithms.recipes import build_pipeline, participation, resolved_hyperparameters
 from engine import rng as rngs
+from engine import timeline
 from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
 from engine.data import FederatedDataset, build_dataset, check_dataset_files
@@ -40,6 +41,8 @@ from engine.privacy.accounting import (
 )
 from engine.results import RoundWriter, write_json
 from engine.server import ServerSpec
+
+timeline.mark("imports done")  # dpfl run: engine.simulate (torch, dp-accounting, pandas) loaded
 
 
 @dataclass(frozen=True)
@@ -155,12 +158,15 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
             check_dataset_files(config.dataset)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    timeline.mark("privacy start")
     plan = plan_privacy(config)
+    timeline.mark("privacy done")
     if dataset is None:
         try:
             dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    timeline.mark("data done")
     if dataset.num_clients != config.dataset.num_clients:
         raise ConfigError(
             f"dataset.num_clients={config.dataset.num_clients}: the data has "
@@ -193,6 +199,7 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
     except ValueError as e:
         raise ConfigError(str(e)) from None
     steps = public_steps(config, pipeline)
+    timeline.mark("prepared")
     return Prepared(config, plan, dataset, pipeline, steps, adaptive, audit)
 
 
@@ -464,6 +471,7 @@ def simulate(
         bar = tqdm(total=config.rounds, desc=config.algorithm, unit="round")
     metrics = RunMetrics(run_name, trial, config.algorithm)
     t0 = time.perf_counter()
+    timeline.mark("rounds start")
     last_acc = math.nan
     start = 0
     if resume is not None:
@@ -482,6 +490,7 @@ def simulate(
         for rnd in range(start, config.rounds):
             t_round = time.perf_counter()
             row = executor.run_round(rnd)
+            timeline.mark(f"round {rnd + 1}")
             row.update(static)
             row["wall_time_s_nonprivate"] = time.perf_counter() - t0
             if not math.isnan(row["test_accuracy"]):
@@ -506,7 +515,9 @@ def simulate(
                 bar.update(1)
         weights = executor.weights()
     finally:
+        timeline.mark("closing")
         executor.close()
+        timeline.mark("executor closed")
         if bar is not None:
             bar.close()
     frame = pd.DataFrame(rows)
@@ -516,4 +527,5 @@ def simulate(
     )
     if write:
         write_json(out_dir / "config.json", {"config": config.to_dict(), "privacy": summary})
+    timeline.mark("results written")
     return SimulationResult(config, summary, frame, weights, out_dir if write else None)
