@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from algorithms.pieces.correlated_noise import TreeAggregationPrivatizer
+from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
 from algorithms.pieces.regularizers import blur_loss
 from algorithms.pieces.smoothing import smooth_flat
 from algorithms.pieces.sparsify import apply_mask, keep_topk, lus_sparsify, randk_mask
@@ -351,7 +351,7 @@ class Pipeline:
     regularizer: BLUR | None = None
     constraint: BallProjection | None = None
     client_transforms: tuple[Any, ...] = ()
-    privatizer: GaussianPrivatizer | TreeAggregationPrivatizer | None = None
+    privatizer: GaussianPrivatizer | TreeAggregationPrivatizer | BandedMFPrivatizer | None = None
     server_transforms: tuple[Any, ...] = ()
     server_update: PGNDirection | None = None
     personal: PersonalSplit | None = None
@@ -362,7 +362,7 @@ class Pipeline:
         p = self.privatizer
         if p is None:
             return
-        if isinstance(p, TreeAggregationPrivatizer):  # DP-FTRL: the server's own step
+        if isinstance(p, (TreeAggregationPrivatizer, BandedMFPrivatizer)):  # own server step
             for key, present in (
                 ("server transforms", bool(self.server_transforms)),
                 ("a server update (PGN)", self.server_update is not None),
@@ -370,7 +370,7 @@ class Pipeline:
             ):
                 if present:
                     raise ValueError(
-                        f"invalid recipe: tree-aggregation noise steps on noisy prefix sums "
+                        f"invalid recipe: correlated noise comes with its own server step "
                         f"and takes no {key}"
                     )
         if p.noise_support not in ("all", "public_mask"):

@@ -21,7 +21,7 @@ from algorithms.builders import (  # noqa: F401 (the FED_LS_* constants are re-e
     fed_ls_default_sigma,
 )
 from algorithms.catalog import CATALOG
-from algorithms.pieces.correlated_noise import TreeAggregationPrivatizer
+from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
 from algorithms.pipeline import (
     LUS,
     LaplacianSmoothing,
@@ -313,8 +313,32 @@ RECIPES: dict[str, Recipe] = {
                 "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
             },
         ),
+        _recipe(
+            "dp_bandmf",
+            ("server_momentum", "bands"),
+            _fixed(),
+            participation="bands",
+            method="DP-BandMF (Choquette-Choo et al., NeurIPS 2023)",
+            shares="clipping of `dp_fedavg`; server momentum of `dp_ftrl`",
+            hyperparameter_doc=(
+                "`server_momentum` (0.9), `bands` (min(4, ⌊N/m⌋)); cohorts of "
+                "`sampling.cohort_size` (or q·N) from one of b groups of clients per round"
+            ),
+            departure=(
+                "no amplification (the paper's amplified variant samples within the groups); "
+                "strategy optimised for the prefix-sum workload only; model deltas, not gradients"
+            ),
+            search_space={
+                "server.lr": {"type": "loguniform", "low": 0.03, "high": 3.0},
+                "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
+                "algo.bands": {"type": "choice", "values": [1, 2, 4, 8]},
+            },
+        ),
     )
 }
+
+#: ``algo.bands`` when null.
+BANDMF_BANDS = 4
 
 #: ``algo.server_momentum`` when null (the paper's DP-FTRLM uses γ = 0.9).
 FTRL_MOMENTUM = 0.9
@@ -372,13 +396,21 @@ def build_pipeline(
         algo = dataclasses.replace(algo, **unset)
     spelling = RecipeConfig(private=built_in.private, **built_in.spelling(algo))
     pipeline = build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
+    momentum = FTRL_MOMENTUM if algo.server_momentum is None else algo.server_momentum
     if built_in.participation == "epochs":  # DP-FTRL: tree-aggregated noise, own step
         assert pipeline.privatizer is not None
-        momentum = FTRL_MOMENTUM if algo.server_momentum is None else algo.server_momentum
         pipeline = dataclasses.replace(
             pipeline,
             privatizer=TreeAggregationPrivatizer(
                 clip_norm, noise_multiplier, momentum, site=algo.noise_site
+            ),
+        )
+    elif built_in.participation == "bands":  # DP-BandMF: banded correlated noise
+        bands = BANDMF_BANDS if algo.bands is None else algo.bands
+        pipeline = dataclasses.replace(
+            pipeline,
+            privatizer=BandedMFPrivatizer(
+                clip_norm, noise_multiplier, momentum, bands, site=algo.noise_site
             ),
         )
     return pipeline
@@ -415,6 +447,8 @@ def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
     if pipeline.personal is not None:
         p = pipeline.personal
         out.update(personal_layers=p.layers, head_steps=p.head_steps, body_steps=p.body_steps)
-    if isinstance(pipeline.privatizer, TreeAggregationPrivatizer):
+    if isinstance(pipeline.privatizer, (TreeAggregationPrivatizer, BandedMFPrivatizer)):
         out["server_momentum"] = pipeline.privatizer.momentum
+    if isinstance(pipeline.privatizer, BandedMFPrivatizer):
+        out["bands"] = pipeline.privatizer.bands
     return out

@@ -38,6 +38,7 @@ from engine.data.federated import FederatedDataset
 from engine.evaluation import evaluate as evaluate_model
 from engine.evaluation import membership_inference_auc
 from engine.phases import OFF
+from engine.privacy import banded_mf, tree_aggregation
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
 from engine.privacy.mechanisms import privatize_sum, server_noise
 from engine.worker_model import flatten_params, init_process_model, load_flat_, personal_mask
@@ -78,6 +79,12 @@ def sample_cohort(
     Fixed-size cohorts are already O(cohort) (numpy's ``choice`` without replacement
     uses Floyd's algorithm when the cohort is ≤ N/50)."""
     n = spec.num_clients
+    if spec.mode == "epochs":  # DP-FTRL: disjoint cohorts in passes over the population
+        assert spec.cohort_size is not None and not secure  # secure: refused by the plan
+        return tree_aggregation.epoch_cohort(seed, rnd, n, spec.cohort_size)
+    if spec.mode == "bands":  # banded MF: b-min-separation, one group of clients per round
+        assert spec.cohort_size is not None and spec.bands is not None and not secure
+        return banded_mf.group_cohort(seed, rnd, n, spec.cohort_size, spec.bands)
     if secure:
         src = rngs.SecureRandom()
         if spec.mode == "fixed":
@@ -184,6 +191,12 @@ class Server:
             if priv is not None
             else None
         )
+        # DP-FTRL (tree aggregation): the server steps on noisy prefix sums, its own state
+        self.correlated = (
+            priv.server_state(spec.sampling, spec.server_lr)
+            if priv is not None and getattr(priv, "correlated", False)
+            else None
+        )
         self.rounds_done = 0
         # The round's clip norm C_t: fixed, or adaptive from C_0 (public, from released
         # counts); inf for a non-private recipe.
@@ -209,6 +222,7 @@ class Server:
             "rounds_done": self.rounds_done,
             "clip_norm": self.clip_norm,
             "audit": None if self.audit is None else self.audit.state_dict(),
+            **({} if self.correlated is None else {"correlated": self.correlated.state_dict()}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -219,6 +233,8 @@ class Server:
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
         if self.audit is not None and state.get("audit") is not None:
             self.audit.load_state_dict(state["audit"])
+        if self.correlated is not None:
+            self.correlated.load_state_dict(state["correlated"])
 
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
@@ -316,7 +332,9 @@ class Server:
         ctx = {"shapes": self.shapes, "g_tilde": self.g_tilde, "steps": spec.steps, "lr": lr}
         for transform in pipe.server_transforms:
             avg = transform.apply(avg, ctx)
-        if pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
+        if self.correlated is not None:  # DP-FTRL: this round's noise is its tree node
+            self.weights = self.correlated.step(rnd, summed, self.weights, noise)
+        elif pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
             k_lr = lr * float(spec.steps or 1)
             g_new = -avg / k_lr
             if pipe.server_update.smoothing is not None:
@@ -333,6 +351,8 @@ class Server:
             extra = self._adapt_clip_norm(rnd, total)
         if self.audit is not None:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
+        if self.correlated is not None:
+            extra.update(self.correlated.row_extra(rnd))  # dp_ftrl: the round's epoch
         row: dict = {
             "round": rnd + 1,
             "cohort_size": spec.sampling.denominator,

@@ -9,6 +9,7 @@ round; the final ε is the accountant's value for the rounds actually run.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import tempfile
@@ -94,6 +95,23 @@ def sampling_spec(config: RunConfig) -> SamplingSpec:
         m = s.cohort_size if s.mode == "fixed" else max(1, round(s.rate * n))
         assert m is not None
         return SamplingSpec(mode="epochs", num_clients=n, cohort_size=min(m, n))
+    if participation(config.algorithm) == "bands":  # DP-BandMF: b-min-separation
+        from algorithms.recipes import BANDMF_BANDS
+
+        n = config.dataset.num_clients
+        m = s.cohort_size if s.mode == "fixed" else max(1, round(s.rate * n))
+        assert m is not None
+        # null: BANDMF_BANDS, or fewer when the b groups of N/b clients are smaller than m
+        b = config.algo.bands or max(1, min(BANDMF_BANDS, n // m))
+        if s.max_cohort is not None:
+            raise ConfigError(
+                f"sampling.max_cohort={s.max_cohort}: algorithm={config.algorithm} takes "
+                "cohorts of one fixed size (sampling.cohort_size or sampling.rate)"
+            )
+        try:
+            return SamplingSpec("bands", n, cohort_size=m, bands=b, horizon=config.rounds)
+        except ValueError as e:
+            raise ConfigError(f"algorithm={config.algorithm}: {e}") from None
     return SamplingSpec(
         mode=s.mode,
         num_clients=config.dataset.num_clients,
@@ -111,7 +129,7 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
     if not config.is_private:
         return PrivacyPlan(False, 0.0, math.inf, 0.0, None, math.inf, "none", spec, mode)
     delta = p.delta if p.delta is not None else default_delta(config.dataset.num_clients)
-    if spec.mode == "epochs":
+    if spec.mode in ("epochs", "bands"):
         for bad, key, value in (
             (p.secure_noise, "privacy.secure_noise", p.secure_noise),
             (config.eval.audit_canaries > 0, "eval.audit_canaries", config.eval.audit_canaries),
@@ -187,9 +205,12 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
         audit = audit_spec(config, plan, flatten_dim(model))
         # The run's one pipeline: server and workers receive this object, and noise,
         # clipping and the accountant read C, z (and z_Δ) from its privatizer.
+        algo = config.algo
+        if plan.sampling.mode == "bands":  # the bands the participation was built with
+            algo = dataclasses.replace(algo, bands=plan.sampling.bands)
         pipeline = build_pipeline(
             config.algorithm,
-            config.algo,
+            algo,
             plan.clip_norm,
             plan.noise_multiplier,
             config.model.name,

@@ -92,6 +92,10 @@ def _spec_from_rows(rows: pd.DataFrame) -> SamplingSpec:
         return SamplingSpec("fixed", n, cohort_size=int(round(rate * n)))
     if r["sampling"] == "epoch_passes":  # dp_ftrl: sampling_rate holds m/N
         return SamplingSpec("epochs", n, cohort_size=int(round(rate * n)))
+    if r["sampling"] == "b_min_separation":  # dp_bandmf: the strategy of the planned rounds
+        horizon = int(r["rounds_planned"]) if "rounds_planned" in r else int(rows["round"].max())
+        b = int(r["bands"])
+        return SamplingSpec("bands", n, cohort_size=int(round(rate * n)), bands=b, horizon=horizon)
     max_cohort = None
     if "max_cohort" in r and not pd.isna(r["max_cohort"]):
         max_cohort = int(r["max_cohort"])

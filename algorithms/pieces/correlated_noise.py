@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from engine.privacy.banded_mf import BandedNoise
 from engine.privacy.tree_aggregation import OnlineTreeNoise, epoch_event
 
 
@@ -59,14 +60,14 @@ class TreeAggregationPrivatizer:
             raise ValueError(f"algo.momentum={self.momentum!r} must be in [0, 1)")
         if self.site != "server":
             raise ValueError(
-                f"algo.noise_site={self.site!r}: tree-aggregation noise is added by the server"
+                f"algo.noise_site={self.site!r}: correlated noise is added by the server"
             )
         if self.noise_support != "all":
-            raise ValueError(f"noise_support={self.noise_support!r}: tree noise covers all d")
+            raise ValueError(f"noise_support={self.noise_support!r}: correlated noise covers all d")
         if self.adaptive is not None:
             raise ValueError(
-                "privacy.clip_mode='adaptive' is not available with tree aggregation (its "
-                "count release is not accounted with the tree); use privacy.clip_mode=fixed"
+                "privacy.clip_mode='adaptive' is not available with correlated noise (its "
+                "count release is not accounted with it); use privacy.clip_mode=fixed"
             )
 
     @property
@@ -82,9 +83,9 @@ class TreeAggregationPrivatizer:
             )
         return epoch_event(self.noise_multiplier, sampling.rounds_per_epoch)
 
-    def server_state(self, rounds_per_epoch: int, denominator: float, server_lr: float):
-        """The server's DP-FTRLM state for a run."""
-        return TreeFTRL(self, rounds_per_epoch, denominator, server_lr)
+    def server_state(self, sampling, server_lr: float):
+        """The server's DP-FTRLM state for a run (``sampling``: mode ``epochs``)."""
+        return TreeFTRL(self, sampling.rounds_per_epoch, sampling.denominator, server_lr)
 
 
 class TreeFTRL:
@@ -110,6 +111,9 @@ class TreeFTRL:
 
     def epoch(self, rnd: int) -> int:
         return int(rnd) // self.rounds_per_epoch
+
+    def row_extra(self, rnd: int) -> dict:
+        return {"epoch": self.epoch(rnd)}  # the tree (pass) the round was in
 
     def step(
         self, rnd: int, clipped_sum: torch.Tensor, weights: torch.Tensor, node: torch.Tensor
@@ -150,3 +154,98 @@ class TreeFTRL:
         self.prefix = tensor(state["prefix"], np.float64)
         self.buffer = tensor(state["buffer"], np.float64)
         self.tree.load_state_dict(state["tree"])
+
+
+@dataclass(frozen=True)
+class BandedMFPrivatizer:
+    """Banded matrix factorization (Choquette-Choo et al., NeurIPS 2023, arXiv:2306.08153):
+    clip each update to C; round t's noise is (C⁻¹Z)_t for the run's b-banded strategy
+    C (engine.privacy.banded_mf) and Z's row t ~ N(0, (z·C_clip)² I) from the round's
+    stream; the server steps with momentum γ on the de-correlated noisy means. The
+    accounted event is the Gaussian mechanism C·X + Z with the strategy's sensitivity
+    under b-min-separation (:meth:`dp_event`)."""
+
+    clip_norm: float
+    noise_multiplier: float
+    momentum: float = 0.9
+    bands: int = 4
+    site: str = "server"
+    noise_support: str = "all"
+    adaptive: Any = None
+    correlated = True
+
+    def __post_init__(self) -> None:
+        TreeAggregationPrivatizer.__post_init__(self)  # type: ignore[arg-type]
+        if not self.bands >= 1:
+            raise ValueError(f"algo.bands={self.bands!r} must be >= 1")
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        return self.noise_multiplier
+
+    def dp_event(self, sampling):
+        """The whole run: one Gaussian mechanism with multiplier z / sens
+        (engine.privacy.accounting.banded_event, for SamplingSpec mode ``bands``)."""
+        from engine.privacy.accounting import banded_event
+
+        if sampling.mode != "bands" or sampling.bands != self.bands:
+            raise ValueError(
+                f"banded noise with {self.bands} bands needs b-min-separation with the same "
+                f"bands, not {sampling.name} sampling"
+            )
+        return banded_event(self.noise_multiplier, sampling, sampling.horizon)
+
+    def server_state(self, sampling, server_lr: float):
+        """The server's state for a run (``sampling``: mode ``bands``)."""
+        from engine.privacy.banded_mf import strategy
+
+        c = strategy(sampling.horizon, sampling.bands)
+        return BandedServer(
+            self, c, min(self.bands, sampling.horizon), sampling.denominator, server_lr
+        )
+
+
+class BandedServer:
+    """Server momentum on X + C⁻¹Z: M_t = γ M_{t−1} + (x_t + (C⁻¹Z)_t)/m, x ← x + η_s M_t."""
+
+    def __init__(
+        self,
+        privatizer: BandedMFPrivatizer,
+        c,
+        bands: int,
+        denominator: float,
+        server_lr: float,
+    ) -> None:
+        self.privatizer = privatizer
+        self.noise = BandedNoise(c, bands)
+        self.denominator = float(denominator)
+        self.server_lr = float(server_lr)
+        self.buffer: torch.Tensor | None = None
+
+    def step(
+        self, rnd: int, clipped_sum: torch.Tensor, weights: torch.Tensor, node: torch.Tensor
+    ) -> torch.Tensor:
+        """Round ``rnd``'s model from its clipped sum and Z's row (``node``, N(0, (zC)² I)
+        from the round's stream)."""
+        if rnd != self.noise.rounds:
+            raise RuntimeError(f"round {rnd} after {self.noise.rounds} banded rounds")
+        noise = self.noise.advance(node.double())
+        avg = (clipped_sum.double() + noise) / self.denominator
+        self.buffer = avg if self.buffer is None else self.privatizer.momentum * self.buffer + avg
+        return weights + (self.server_lr * self.buffer).to(torch.float32)
+
+    def row_extra(self, rnd: int) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {
+            "noise": self.noise.state_dict(),
+            "buffer": None if self.buffer is None else self.buffer.numpy().copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        import numpy as np
+
+        self.noise.load_state_dict(state["noise"])
+        b = state["buffer"]
+        self.buffer = None if b is None else torch.from_numpy(np.array(b, dtype=np.float64))

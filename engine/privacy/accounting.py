@@ -17,6 +17,9 @@ the sampling actually used:
   each epoch is a pass over the population in ⌊N/m⌋ disjoint cohorts of m clients, with
   one tree of noise per epoch; replace-special adjacency; an epoch is
   ``SingleEpochTreeAggregationDpEvent(z, ⌊N/m⌋)`` and epochs compose. RDP only.
+* ``bands`` — b-min-separation (banded matrix factorization, ``engine.privacy.banded_mf``):
+  each client in at most one of any b consecutive rounds; the rounds so far are one
+  Gaussian mechanism with multiplier z / sens, sens the strategy's sensitivity.
 
 ε is never assumed: every figure comes from the event built from the noise
 multiplier, sampling and number of rounds actually used. Calibration searches z
@@ -36,7 +39,7 @@ import numpy as np
 from dp_accounting import pld, rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from engine.privacy import calibration_store
+from engine.privacy import banded_mf, calibration_store
 from engine.privacy import tree_aggregation as tree
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -55,17 +58,28 @@ class CalibrationError(ValueError):
 class SamplingSpec:
     """Public facts about how cohorts are drawn, as the accountant needs them."""
 
-    mode: str  # "poisson" | "fixed" | "epochs"
+    mode: str  # "poisson" | "fixed" | "epochs" | "bands"
     num_clients: int
     rate: float | None = None  # poisson
-    cohort_size: int | None = None  # fixed, epochs
+    cohort_size: int | None = None  # fixed, epochs, bands
     max_cohort: int | None = None  # poisson with a hard cap (truncated Poisson)
+    bands: int | None = None  # bands: b (each client in at most one of b consecutive rounds)
+    horizon: int | None = None  # bands: the rounds the strategy was built for
 
     def __post_init__(self) -> None:
-        if self.mode not in ("poisson", "fixed", "epochs"):
-            raise ValueError(f"sampling.mode={self.mode!r} must be poisson, fixed or epochs")
+        if self.mode not in ("poisson", "fixed", "epochs", "bands"):
+            raise ValueError(f"sampling.mode={self.mode!r} must be poisson, fixed, epochs or bands")
         if self.mode == "poisson" and not (self.rate is not None and 0 < self.rate <= 1):
             raise ValueError(f"sampling.rate={self.rate!r} must be in (0, 1]")
+        if self.mode == "bands":
+            b, n = self.bands, self.num_clients
+            if not (b is not None and b >= 1 and self.horizon is not None and self.horizon >= 1):
+                raise ValueError(f"algo.bands={b!r} must be >= 1 (and the rounds known)")
+            if not (self.cohort_size is not None and 1 <= self.cohort_size <= n // b):
+                raise ValueError(
+                    f"cohort size {self.cohort_size!r} must be in [1, N/bands = {n // b}] "
+                    f"(b-min-separation deals the {n} clients into {b} groups)"
+                )
         if self.mode in ("fixed", "epochs") and not (
             self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients
         ):
@@ -75,7 +89,7 @@ class SamplingSpec:
 
     @property
     def adjacency(self) -> str:
-        if self.mode == "epochs":
+        if self.mode in ("epochs", "bands"):
             return tree.ADJACENCY
         return "replace_one" if self.mode == "fixed" else "add_remove"
 
@@ -83,6 +97,8 @@ class SamplingSpec:
     def name(self) -> str:
         if self.mode == "epochs":
             return tree.PARTICIPATION_NAME
+        if self.mode == "bands":
+            return banded_mf.PARTICIPATION_NAME
         if self.mode == "fixed":
             return "fixed_without_replacement"
         return "truncated_poisson" if self.max_cohort is not None else "poisson"
@@ -92,7 +108,7 @@ class SamplingSpec:
         """Sampling probability of one client in one round (public); under ``epochs``
         the fraction of the population in one round's cohort (m/N, not a sampling
         probability: participation is a fixed pass, and nothing is amplified)."""
-        if self.mode in ("fixed", "epochs"):
+        if self.mode in ("fixed", "epochs", "bands"):
             assert self.cohort_size is not None
             return self.cohort_size / self.num_clients
         assert self.rate is not None
@@ -101,7 +117,7 @@ class SamplingSpec:
     @property
     def denominator(self) -> float:
         """The fixed, public divisor of the noisy sum: m, or the expected q·N."""
-        if self.mode in ("fixed", "epochs"):
+        if self.mode in ("fixed", "epochs", "bands"):
             assert self.cohort_size is not None
             return float(self.cohort_size)
         assert self.rate is not None
@@ -116,7 +132,7 @@ class SamplingSpec:
     @property
     def neighboring_relation(self) -> dp_accounting.NeighboringRelation:
         """dp-accounting's relation for this sampling's adjacency."""
-        if self.mode == "epochs":
+        if self.mode in ("epochs", "bands"):
             return dp_accounting.NeighboringRelation.REPLACE_SPECIAL
         if self.mode == "fixed":
             return dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -146,9 +162,9 @@ class SamplingSpec:
 def round_event(noise_multiplier: float, spec: SamplingSpec) -> dp_accounting.DpEvent:
     """The DpEvent of one round of clipped-sum + Gaussian noise N(0, (zC)^2)."""
     z = float(noise_multiplier)
-    if spec.mode == "epochs":
+    if spec.mode in ("epochs", "bands"):
         raise ValueError(
-            "epoch participation (tree aggregation) has no per-round event: use run_event"
+            f"{spec.name} participation (correlated noise) has no per-round event: use run_event"
         )
     if spec.mode == "fixed":
         # Replace-one sensitivity of a clipped sum is 2C; the library's WOR RDP assumes
@@ -175,7 +191,20 @@ def run_event(noise_multiplier: float, spec: SamplingSpec, rounds: int) -> dp_ac
         per_epoch = spec.rounds_per_epoch
         epoch = tree.epoch_event(noise_multiplier, per_epoch)
         return tree.rounds_event(epoch, per_epoch, rounds)
+    if spec.mode == "bands":
+        return banded_event(noise_multiplier, spec, rounds)
     return dp_accounting.SelfComposedDpEvent(round_event(noise_multiplier, spec), rounds)
+
+
+def banded_event(noise_multiplier: float, spec: SamplingSpec, rounds: int) -> dp_accounting.DpEvent:
+    """The first ``rounds`` rows of C·X + Z for the run's banded strategy: one Gaussian
+    with multiplier z / sens (:mod:`engine.privacy.banded_mf`)."""
+    assert spec.mode == "bands" and spec.bands is not None and spec.horizon is not None
+    if not 0 <= rounds <= spec.horizon:
+        raise ValueError(f"rounds={rounds} beyond the strategy's {spec.horizon} rounds")
+    c = banded_mf.strategy(spec.horizon, spec.bands)
+    bands = min(spec.bands, spec.horizon)
+    return banded_mf.gaussian_event(noise_multiplier, banded_mf.sensitivity(c, rounds, bands))
 
 
 def make_accountant(
@@ -249,7 +278,7 @@ def compute_epsilon(
             f"privacy.noise_multiplier={noise_multiplier}: the PLD accountant needs z >= "
             f"{PLD_MIN_Z} (memory); use privacy.accountant=rdp"
         )
-    if spec.mode == "epochs":  # not linear in the rounds: compose the trees that ran
+    if spec.mode in ("epochs", "bands"):  # not linear in the rounds: the rounds that ran
         acc = make_accountant(accountant, spec, discretization)
         acc.compose(run_event(noise_multiplier, spec, rounds))
         return float(acc.get_epsilon(delta))
@@ -378,16 +407,19 @@ class EpsilonTracker:
         self.delta = float(delta)
         self.accountant = accountant
         if event is None:
-            event = (
-                tree.epoch_event(self.noise_multiplier, spec.rounds_per_epoch)
-                if spec.mode == "epochs"
-                else round_event(self.noise_multiplier, spec)
-            )
+            if spec.mode == "epochs":
+                event = tree.epoch_event(self.noise_multiplier, spec.rounds_per_epoch)
+            elif spec.mode == "bands":
+                assert spec.horizon is not None
+                event = banded_event(self.noise_multiplier, spec, spec.horizon)
+            else:
+                event = round_event(self.noise_multiplier, spec)
         self.event = event  # under epochs: one epoch's tree, composed per epoch
         self._orders: np.ndarray | None = None
         self._rdp1: np.ndarray | None = None
         self._pld1: Any = None  # one-round PLD, self-composed per query
-        if accountant == "rdp" and self.noise_multiplier > 0 and spec.mode != "epochs":
+        correlated = spec.mode in ("epochs", "bands")
+        if accountant == "rdp" and self.noise_multiplier > 0 and not correlated:
             self._orders, self._rdp1 = one_round_rdp(self.event, spec)
 
     def epsilon(self, rounds: int) -> float:
@@ -399,6 +431,10 @@ class EpsilonTracker:
             acc = make_accountant(self.accountant, self.spec)
             acc.compose(tree.rounds_event(self.event, self.spec.rounds_per_epoch, rounds))
             return float(acc.get_epsilon(self.delta))
+        if self.spec.mode == "bands":  # the first t rows of the strategy (its sensitivity)
+            return compute_epsilon(
+                self.noise_multiplier, self.spec, rounds, self.delta, self.accountant
+            )
         if self._rdp1 is not None:
             eps, _ = rdp_privacy_accountant.compute_epsilon(
                 self._orders, rounds * self._rdp1, self.delta

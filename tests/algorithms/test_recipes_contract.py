@@ -44,11 +44,16 @@ def test_every_recipe_obeys_the_contract(name: str) -> None:
         spec = SamplingSpec("poisson", 30, rate=0.3)
         if RECIPES[name].participation == "epochs":  # dp_ftrl: 3 disjoint cohorts of 9
             spec = SamplingSpec("epochs", 30, cohort_size=9)
+        if RECIPES[name].participation == "bands":  # dp_bandmf: 3 groups of 10 (b = 3)
+            spec = SamplingSpec("bands", 30, cohort_size=9, bands=3, horizon=2)
+            pipe = build_pipeline(name, AlgoConfig(bands=3), 0.5, 1.0)
         acc = make_accountant("rdp", spec)
         event = pipe.privatizer.dp_event(spec)
         assert acc.supports(event)
         if spec.mode == "epochs":  # 2 rounds: a partial tree of 2 steps
             acc.compose(rounds_event(event, spec.rounds_per_epoch, 2))
+        elif spec.mode == "bands":  # the whole run is one Gaussian mechanism
+            acc.compose(event)
         else:
             acc.compose(event, 2)
         assert acc.get_epsilon(a.privacy["delta"]) == pytest.approx(a.final_epsilon, rel=1e-9)
