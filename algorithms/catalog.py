@@ -133,14 +133,6 @@ PAPERS: dict[str, Paper] = {
         2023,
         "2306.08153",
     ),
-    "dp_bandmf": Paper(
-        "(Amplified) Banded Matrix Factorization: A unified approach to private training",
-        "Christopher A. Choquette-Choo, Arun Ganesh, Ryan McKenna, H. Brendan McMahan, "
-        "Keith Rush, Abhradeep Thakurta, Zheng Xu",
-        "NeurIPS",
-        2023,
-        "2306.08153",
-    ),
 }
 
 
@@ -256,13 +248,6 @@ CATALOG: dict[str, Entry] = {
             True,
             ("dp_ftrl",),
             11,
-        ),
-        Entry(
-            "dp_bandmf",
-            "DP-BandMF: b-banded correlated noise, b-min-separated participation",
-            True,
-            ("dp_bandmf",),
-            12,
         ),
         Entry(
             "dp_bandmf",

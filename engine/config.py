@@ -376,7 +376,6 @@ class AlgoConfig:
     blur_lambda: float | None = None
     server_momentum: float | None = None  # DP-FTRL: momentum γ on noisy prefix sums
     bands: int | None = None  # DP-BandMF: bands b of the strategy (b-min-separation)
-    bands: int | None = None  # DP-BandMF: bands b of the strategy (b-min-separation)
     head_steps: int | None = None
     body_steps: int | None = None
     personal_layers: int = 1
@@ -425,7 +424,6 @@ class AlgoConfig:
             _check(v is None or v >= 1, f"algo.{key}", v, "must be >= 1")
         m = self.server_momentum
         _check(m is None or 0 <= m < 1, "algo.server_momentum", m, "must be in [0, 1)")
-        _check(self.bands is None or self.bands >= 1, "algo.bands", self.bands, "must be >= 1")
         _check(self.bands is None or self.bands >= 1, "algo.bands", self.bands, "must be >= 1")
         _check(
             self.personal_layers >= 1, "algo.personal_layers", self.personal_layers, "must be >= 1"

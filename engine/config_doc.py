@@ -101,8 +101,6 @@ KEY_HELP: dict[str, str] = {
     "algo.server_momentum": "DP-FTRL: momentum on the noisy prefix sums (null: 0.9)",
     "algo.bands": "DP-BandMF: bands b of the strategy; clients join one of any b rounds "
     "(null: min(4, N/m))",
-    "algo.bands": "DP-BandMF: bands b of the strategy; clients join one of any b rounds "
-    "(null: min(4, N/m))",
     "algo.head_steps": "DP2-FedSAM: local steps on the personal head",
     "algo.body_steps": "DP2-FedSAM: local steps on the shared body",
     "algo.personal_layers": "DP2-FedSAM: number of last Linear layers kept personal",
