@@ -86,7 +86,8 @@ def _series(url: str, metric: str, **labels: str) -> dict[tuple[str, str], float
 def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> None:
     """A short ``dpfl run`` and a 4-trial ``dpfl tune``: Prometheus, pointed at the Ray
     session's service-discovery file, holds per (run, trial) the rounds written and the
-    last ε of the Parquet rows, tagged with run, trial and algorithm."""
+    last ε and test accuracy of the Parquet rows, tagged with run, trial and algorithm;
+    the Grafana dashboard's queries find those series."""
     sd = monitoring.discovery_file(head.session_dir)
     port = monitoring.free_port()
     prom = monitoring.start_prometheus(sd, tmp_path / "prom", port, scrape_interval="1s")
@@ -130,13 +131,20 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
         expected_rounds = {"run": len(rows)}
         expected_rounds.update(trial_rows.groupby("trial_id").size().to_dict())
 
+        ours = {f"dpfl-{run_out.name}", *trial_rows["trial_id"]}
+
+        def mine(series: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+            """This test's series (the head may also hold other tests' runs)."""
+            return {k: v for k, v in series.items() if k[0] in ours or k[1] in ours}
+
         def counted() -> dict[tuple[str, str], float] | None:
-            got = _series(url, "ray_dpfl_rounds_completed_total")
+            got = mine(_series(url, "ray_dpfl_rounds_completed_total"))
             by_trial = {t or "run": v for (_, t), v in got.items()}
             return got if by_trial == expected_rounds else None
 
         rounds = _wait_for(counted, 60, f"ray_dpfl_rounds_completed_total = {expected_rounds}")
-        eps = _series(url, "ray_dpfl_epsilon_spent")
+        eps = mine(_series(url, "ray_dpfl_epsilon_spent"))
+        acc = mine(_series(url, "ray_dpfl_test_accuracy"))
         algos = {
             (s["metric"].get("run", ""), s["metric"].get("trial", "")): s["metric"]["algorithm"]
             for s in monitoring.query(url, "last_over_time(ray_dpfl_epsilon_spent[10m])")
@@ -146,6 +154,7 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
         assert run_out.name in run_key[0]
         assert rounds[run_key] == len(rows)
         assert eps[run_key] == pytest.approx(float(rows["epsilon"].iloc[-1]), rel=1e-12)
+        assert acc[run_key] == pytest.approx(float(rows["test_accuracy"].iloc[-1]), rel=1e-12)
         assert algos[run_key] == "dp_fedavg"
         # The sweep: one series per trial, tagged by its trial id; run = Tune's trial name.
         trial_keys = {k[1]: k for k in rounds if k[1]}
@@ -155,6 +164,7 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
             assert tid in key[0]  # the run tag is the trial's name, which holds its id
             assert rounds[key] == len(g)
             assert eps[key] == pytest.approx(float(g["epsilon"].iloc[-1]), rel=1e-12)
+            assert acc[key] == pytest.approx(float(g["test_accuracy"].iloc[-1]), rel=1e-12)
             assert algos[key] == "dp_fedavg"
         # The Grafana dashboard's queries (variables set to "All") find every series.
         for panel in monitoring.grafana_dashboard()["panels"]:
@@ -163,14 +173,16 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
             for var, every in (("$SessionName", ".+"), ("$Run", ".*"), ("$Algorithm", ".*")):
                 inner = inner.replace(var, every)
             found = monitoring.query(url, f"last_over_time({inner}[10m])")
-            assert {s["metric"].get("trial", "") for s in found} == {"", *trial_keys}, panel
+            keys = {(s["metric"].get("run", ""), s["metric"].get("trial", "")) for s in found}
+            assert set(mine(dict.fromkeys(keys, 0.0))) == set(rounds), panel
         print("queried Prometheus vs Parquet:")
         for key in sorted(rounds):
             tid = key[1]
             ref = rows if not tid else trial_rows[trial_rows["trial_id"] == tid]
             print(
                 f"  run={key[0]} trial={tid or '-'}: rounds {rounds[key]:g} vs {len(ref)}; "
-                f"epsilon {eps[key]!r} vs {float(ref['epsilon'].iloc[-1])!r}"
+                f"epsilon {eps[key]!r} vs {float(ref['epsilon'].iloc[-1])!r}; "
+                f"test_accuracy {acc[key]!r} vs {float(ref['test_accuracy'].iloc[-1])!r}"
             )
     finally:
         monitoring.stop_process(prom)
