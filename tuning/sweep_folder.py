@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.results import _jsonable
 
 EXPERIMENT_FILE = "experiment.json"
 #: Keys that may differ between the start of a sweep and its resume: where Ray runs.
@@ -69,7 +70,8 @@ def read_runner(out: Path, runners: tuple[str, ...], marker: Path) -> str | None
     """The runner recorded in ``tune/runner.txt``; None when the file is missing (a
     sweep of Tune's runner keeps Tune's state folders under ``tune/``)."""
     if not marker.exists():
-        if any(p.is_dir() for p in (out / "tune").iterdir()):
+        folder = out / "tune"
+        if folder.is_dir() and any(p.is_dir() for p in folder.iterdir()):
             return "tune"
         return None
     try:
@@ -94,7 +96,7 @@ def check_experiment_record(out: Path, record: dict[str, Any]) -> None:
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise _refuse(out, f"{path} is damaged ({_why(e)})") from None
     now = {**_flat(record["config"]), **_flat(record["settings"], "--")}
-    now = json.loads(json.dumps(now, default=str))  # as written (tuples -> lists)
+    now = json.loads(json.dumps(now, default=_jsonable))  # as written (tuples -> lists)
     for key in sorted(set(before) | set(now)):
         if key in MAY_DIFFER:
             continue
