@@ -92,9 +92,15 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     except (ConnectionError, RuntimeError, ValueError) as e:
         if address:
             key = "ray.address" if ray_cfg.address else "$RAY_ADDRESS"
+            # Ray >= 2.5x turns token authentication on for a new cluster; a driver
+            # attaching without RAY_AUTH_MODE=token is refused with a bare ConnectionError.
+            auth = not os.environ.get("RAY_AUTH_MODE") and os.path.isfile(
+                os.path.expanduser("~/.ray/auth_token")
+            )
             raise ConfigError(
                 f"{key}={address!r}: cannot attach to a Ray cluster "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                + ("; if it uses token authentication, set RAY_AUTH_MODE=token" if auth else "")
             ) from None
         raise
     url = getattr(context, "dashboard_url", None)

@@ -220,3 +220,23 @@ def test_dashboard_lists_the_runs_actors_by_name_while_it_runs(head, tmp_path: P
     finally:
         monitoring.stop_process(proc)
         log.close()
+
+
+@pytest.mark.skipif(
+    os.environ.get("RAY_AUTH_MODE", "token") != "token", reason="the head runs without tokens"
+)
+def test_attaching_without_the_auth_mode_names_it(head, tmp_path: Path) -> None:
+    """Ray turns token authentication on for a new cluster; a command attaching without
+    ``RAY_AUTH_MODE=token`` is refused, and dpfl's one-line error says what to set."""
+    env = {k: v for k, v in _env(head).items() if k != "RAY_AUTH_MODE"}
+    out = tmp_path / "refused"
+    r = subprocess.run(
+        _dpfl(head, "run", "-q", "--out", str(out), *_sets([*RUN_KEYS, "rounds=2"])),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("dpfl: error: ")]
+    assert head.gcs_address in line and "RAY_AUTH_MODE=token" in line
