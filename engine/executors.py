@@ -64,6 +64,10 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     import ray
 
     if ray.is_initialized():
+        if not (ray_cfg.address or os.environ.get("RAY_ADDRESS")):  # a Ray of this machine
+            from engine.resources import check_processes
+
+            check_processes(ray_cfg, float(ray.cluster_resources().get("CPU", 0.0)))
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")

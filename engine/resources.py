@@ -208,3 +208,18 @@ def check_local_fit(
                     else "set ray.num_gpus_per_worker=0 (CPU workers)"
                 )
             )
+
+
+def check_processes(ray_cfg, cluster_cpus: float) -> None:
+    """A Ray already running in this process (a notebook's, a test's, a Tune trial's):
+    at most :data:`LOCAL_SLOTS_PER_CORE` worker processes per CPU it declares, whatever
+    CPU share each asks for (1000 workers of 0.001 CPU are 1000 processes)."""
+    from engine.config import ConfigError
+
+    slots = LOCAL_SLOTS_PER_CORE * max(1, math.floor(cluster_cpus))
+    if ray_cfg.num_workers > slots:
+        raise ConfigError(
+            f"ray.num_workers={ray_cfg.num_workers}: the running Ray has {cluster_cpus:g} "
+            f"CPUs and dpfl starts at most {slots} worker processes on it "
+            f"({LOCAL_SLOTS_PER_CORE} per CPU); lower ray.num_workers"
+        )

@@ -184,6 +184,14 @@ def test_local_fit_says_what_fits() -> None:
     check_local_fit(_ray(num_workers=2, num_gpus_per_worker=0.5), cores=2, gpus=1)
 
 
+def test_a_running_ray_is_not_given_unbounded_processes() -> None:
+    from engine.resources import check_processes
+
+    check_processes(_ray(num_workers=4, num_cpus_per_worker=0.01), cluster_cpus=2)
+    with pytest.raises(ConfigError, match=r"ray\.num_workers=5: .* at most 4 worker processes"):
+        check_processes(_ray(num_workers=5, num_cpus_per_worker=0.01), cluster_cpus=2)
+
+
 def test_ensure_ray_refuses_before_starting_ray(monkeypatch) -> None:
     import ray
 
