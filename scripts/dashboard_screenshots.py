@@ -58,7 +58,7 @@ RUN_KEYS = [
 class Browser:
     """Headless Chromium driven over the DevTools protocol, one page."""
 
-    def __init__(self, binary: str, width: int = 1500, height: int = 950) -> None:
+    def __init__(self, binary: str, width: int = 1500, height: int = 1000) -> None:
         self.port = monitoring.free_port()
         self.profile = tempfile.mkdtemp(prefix="dpfl-chromium-")
         args = [
@@ -228,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.prometheus_wait)  # let it collect a stretch of rounds
                 graph = "graph?g0.tab={tab}&g0.range_input=2m&g0.expr={expr}"
                 queries = [
-                    ("prometheus_epsilon", graph.format(tab=0, expr="ray_dpfl_epsilon_spent")),
+                    (
+                        "prometheus_epsilon",
+                        graph.format(
+                            tab=0, expr="max by (run, trial, algorithm) (ray_dpfl_epsilon_spent)"
+                        ),
+                    ),
                     (
                         "prometheus_rounds",
                         graph.format(
