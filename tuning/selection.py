@@ -55,7 +55,14 @@ MODES = (COMPOSE, POISSON, TNB)
 #: Config keys whose value changes a trial's one-run DpEvent (σ is calibrated from ε,
 #: δ, the sampling, the number of clients and rounds, with the accountant): a space
 #: that varies one is refused under Papernot-Steinke (its events would differ).
-PRIVACY_KEYS = ("rounds", "sampling.", "privacy.delta", "privacy.accountant", "dataset.")
+PRIVACY_KEYS = (
+    "rounds",
+    "sampling.",
+    "privacy.delta",
+    "privacy.accountant",
+    "dataset.",
+    "algo.bands",  # dp_bandmf: the strategy, hence its sensitivity and the calibrated σ
+)
 
 
 class TuningPrivacyError(ValueError):
