@@ -48,7 +48,9 @@ def _recipe_overrides(name: str) -> list[str]:
 
 
 def test_every_built_in_recipe_has_a_spelling() -> None:
-    assert set(SPELLINGS) == set(RECIPES)
+    # correlated noise (dp_ftrl, dp_bandmf) has its own participation and server step,
+    # which a recipe: section cannot name (docs/algorithms.md §9, §11, §12)
+    assert set(SPELLINGS) == {n for n, r in RECIPES.items() if r.participation == "sampled"}
 
 
 @pytest.mark.parametrize("name", list(SPELLINGS))
