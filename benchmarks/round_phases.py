@@ -140,6 +140,8 @@ def run(w, ds, executor: str, workers: int, gpu: bool) -> tuple[Recorder, float]
     overrides = bench.dpfl_overrides(w, workers, None, gpu)
     overrides = [o for o in overrides if not o.startswith("ray.executor=")]
     overrides.append(f"ray.executor={executor}")
+    if gpu and executor == "local":  # in process on the GPU too: the same device
+        overrides.append("ray.worker_device=cuda")
     rec = Recorder()
     original_make, original_save = sim.make_executor, sim.save_checkpoint
     original_append = RoundWriter.append
@@ -198,6 +200,43 @@ def report(name: str, rec: Recorder, wall: float) -> None:
     )
 
 
+def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
+    """A worker's per-client O(d) work for a ``resnet18_gn``-sized update, the former
+    whole-vector expressions against the chunked ones (same values, checked here), in
+    one run: CPU seconds (``time.process_time``, one torch thread) and their ratio."""
+    from engine.privacy import mechanisms as m
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(d, generator=g) * 1e-2
+    factor = 0.5 / m._norm64(u)
+    total = torch.zeros(d, dtype=torch.float64)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times)
+
+    pairs = {
+        "clip scale-and-cast": (
+            lambda: (u.double() * factor).to(torch.float32),
+            lambda: m._scale_cast(u, factor, torch.float32),
+        ),
+        "float64 accumulate": (lambda: total.add_(u), lambda: m.add_float64_(total, u)),
+    }
+    assert torch.equal((u.double() * factor).to(torch.float32), m._scale_cast(u, factor, u.dtype))
+    norm = best(lambda: m._norm64(u))
+    print(f"\n-- per-client kernels, d = {d:,} (CPU s, best of {repeats}); load average {load()}")
+    print(f"float64 norm (unchanged, twice per clipped client): {norm:.4f}")
+    for name, (before, after) in pairs.items():
+        b, a = best(before), best(after)
+        print(f"{name}: before {b:.4f}, after {a:.4f}, ratio {a / b:.2f}; load average {load()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", nargs="+", default=["cnn", "resnet18_gn"])
@@ -205,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
+    ap.add_argument(
+        "--kernels", action="store_true", help="only the per-client kernels, before/after"
+    )
     args = ap.parse_args(argv)
+    if args.kernels:
+        kernels()
+        return 0
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -223,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             w = dataclasses.replace(w, rounds=args.rounds)
             ds = bench.make_dataset(w)
             for ex in args.executor:
-                rec, wall = run(w, ds, ex, args.workers, gpu and ex == "ray")
+                rec, wall = run(w, ds, ex, args.workers, gpu)
                 report(f"{name} / {ex}", rec, wall)
     finally:
         ray.shutdown()

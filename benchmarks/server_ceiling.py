@@ -9,14 +9,15 @@ For each model size d and number k of client workers, a real :class:`engine.serv
 (DP-FedAvg, Poisson sampling, z = 1, C = 1, the ``cnn`` (2.16M parameters) or
 ``resnet18_gn`` (11.2M) model nearest to d) runs rounds on k ready-made float64 partial
 sums of d coordinates each (one buffer passed k times: each is read from memory, as k
-distinct partial sums would be). Per round it times ``begin_round`` (cohort, weights out),
-``finish_round`` (reduce of the k partials, noise, update, ε) with the noise drawn inside,
-and the noise draw alone (what ``prepare_noise`` moves off the critical path while
-clients train), and prints rounds/s with and without the noise draw. The partial sums
-reach a server in the driver zero-copy from Ray's object store on one machine; across
-machines each is d × 8 bytes on the server's network link, so the printout adds the
-time k partials take at 25 and 100 Gbit/s (computed, not measured). Timings are
-wall-clock on a possibly shared machine: the load average is printed with each line.
+distinct partial sums would be). Per round it times, in CPU seconds of this one-thread
+process (``time.process_time``, so that other processes on a shared machine count
+less), ``begin_round`` (cohort, weights out), ``prepare_noise`` (the noise draw the
+executor overlaps with training) and ``finish_round`` (reduce of the k partials, the
+update with that noise, ε), and prints rounds/s with the noise drawn ahead and after.
+The partial sums reach a server in the driver zero-copy from Ray's object store on one
+machine; across machines each is d × 8 bytes on the server's network link, so the
+printout adds the time k partials take at 25 and 100 Gbit/s (computed, not measured).
+The load average is printed with each line.
 """
 
 from __future__ import annotations
@@ -96,28 +97,28 @@ def main(argv: list[str] | None = None) -> int:
         d = server.dim()
         partial = np.random.default_rng(1).standard_normal(d) * 1e-3
         for k in args.workers:
-            begin, finish, noise = [], [], []
+            begin, noise, finish = [], [], []
             for _ in range(args.rounds):
                 rnd = server.rounds_done
-                t0 = time.perf_counter()
-                cohort, _, _ = server.begin_round(rnd)
-                t1 = time.perf_counter()
-                server._draw_noise(rnd, 1.0, server.clip_norm)  # the draw alone
-                t2 = time.perf_counter()
                 parts = [PartialSum(update_sum=partial, num_clients=1) for _ in range(k)]
-                server.finish_round(rnd, *parts, evaluate=False)  # noise drawn inside
-                t3 = time.perf_counter()
-                begin.append(t1 - t0)
-                noise.append(t2 - t1)
-                finish.append(t3 - t2)
+                t = [time.process_time()]
+                server.begin_round(rnd)
+                t.append(time.process_time())
+                server.prepare_noise(rnd)  # what the executor overlaps with training
+                t.append(time.process_time())
+                server.finish_round(rnd, *parts, evaluate=False)  # uses that noise
+                t.append(time.process_time())
+                begin.append(t[1] - t[0])
+                noise.append(t[2] - t[1])
+                finish.append(t[3] - t[2])
             b, n, f = (statistics.median(v) for v in (begin, noise, finish))
             net = [k * d * 8 * 8 / (g * 1e9) for g in (25, 100)]
             print(
-                f"{model}: d = {d:,}, k = {k:3d}: begin {b * 1e3:7.1f} ms, finish "
-                f"{f * 1e3:8.1f} ms (noise draw {n * 1e3:6.1f} ms of it) -> "
-                f"{1 / (b + f):6.2f} rounds/s, {1 / (b + f - n):6.2f} with the noise drawn "
-                f"ahead; k partials over 25/100 Gbit/s: {net[0]:.2f}/{net[1]:.2f} s; "
-                f"load average {load()}",
+                f"{model}: d = {d:,}, k = {k:3d}: CPU s per round: begin {b:.4f}, finish "
+                f"{f:.4f} (reduce, update, epsilon), noise {n:.4f} -> {1 / (b + f):6.2f} "
+                f"rounds/s with the noise drawn ahead, {1 / (b + f + n):6.2f} with it drawn "
+                f"after the reduce; k partials over 25/100 Gbit/s: {net[0]:.2f}/{net[1]:.2f} "
+                f"s; load average {load()}",
                 flush=True,
             )
     return 0

@@ -68,6 +68,7 @@ def init_process_model(
     moved to ``device``), laid out in ``memory_format`` (see
     :func:`resolve_memory_format`)."""
     torch.set_num_threads(max(1, int(num_threads)))
+    keep_large_allocations()
     init = rngs.torch_gen(seed, rngs.MODEL_INIT)
     model = build_model(model_name, dataset.input_shape, dataset.num_classes, init, model_init)
     device = torch.device(device)
@@ -75,6 +76,45 @@ def init_process_model(
     if resolve_memory_format(memory_format, model, device) == "channels_last":
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+#: glibc ``mallopt`` parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_LARGE_ALLOCATIONS_KEPT = False
+
+
+def keep_large_allocations(limit: int = 1 << 30) -> bool:
+    """Serve allocations up to ``limit`` bytes from the heap and keep freed memory
+    there, in this process (glibc only; once per process; True if set).
+
+    glibc maps every block above its mmap threshold (at most 32 MiB) freshly from the
+    kernel and unmaps it when freed, so each O(d) temporary of a large model (44 MiB of
+    float32, 88 MiB of float64 for 11M parameters: an update, its clipped copy, the
+    float64 partial sum, the weights) page-faults its memory in again, every client
+    and round: on this project's CPU machine that was more than half of a worker's
+    per-client work outside training (``benchmarks/round_phases.py --kernels``). With
+    the threshold raised, freed blocks are reused. Values are untouched (torch's
+    64-byte alignment is the same either way); the cost is that a process keeps its
+    peak heap instead of returning it to the kernel between rounds."""
+    global _LARGE_ALLOCATIONS_KEPT
+    if _LARGE_ALLOCATIONS_KEPT:
+        return True
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl): leave malloc alone
+        return False
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, int(limit))) and bool(
+        mallopt(_M_TRIM_THRESHOLD, int(2 * limit))
+    )
+    _LARGE_ALLOCATIONS_KEPT = ok
+    return ok
 
 
 def configure_cuda_numerics() -> None:
