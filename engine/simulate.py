@@ -137,7 +137,7 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
             if bad:
                 raise ConfigError(
                     f"{key}={value!r} is not available with algorithm={config.algorithm} "
-                    "(tree-aggregated noise: its node noise is kept in checkpoints, and the "
+                    "(correlated noise: its noise state is kept in checkpoints, and the "
                     "canary audit assumes independent noise per round)"
                 )
     accountant = p.accountant or spec.default_accountant()
