@@ -309,6 +309,9 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         memory_format=cfg.model.memory_format,
         model_init=cfg.model.init,
         device=cfg.ray.worker_device,
+        # groups sized for this share of a GPU (a Tune trial's 1/tune.trials_per_gpu);
+        # the Ray pool replaces it with the share it plans (engine.resources)
+        gpu_share=float(cfg.ray.num_gpus_per_worker),
         secure=cfg.privacy.secure_noise,
     )
     server = ServerSpec(

@@ -74,3 +74,15 @@ def test_packed_trials_fit_one_fake_gpu(ray_session, executor: str, per_gpu: int
                 remove_placement_group(g)
             except Exception:  # noqa: BLE001 - already removed
                 pass
+
+
+def test_an_in_process_trial_sizes_its_groups_for_its_share(small_overrides) -> None:
+    """A ``local`` trial (the in-process executor in the trial's process) passes its GPU
+    share to its worker, so vectorised groups are sized for 1/trials_per_gpu of the card
+    (``engine.vectorized._available_bytes``), not for the whole card."""
+    from engine.simulate import make_executor, prepare
+
+    c = cfg(*small_overrides, "ray.executor=local")
+    packed = pack_trials_per_gpu(c, 4, 1.0)
+    assert make_executor(prepare(packed)).pool.worker.spec.gpu_share == pytest.approx(0.25)
+    assert make_executor(prepare(c)).pool.worker.spec.gpu_share == 0.0
