@@ -19,6 +19,7 @@ exactly K random-search trials and mark only the best one ``released`` in
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -72,6 +73,13 @@ TRIAL_EXECUTORS = ("auto", "ray", "local")
 #: (Ray Tune: trials in parallel processes, any searcher and scheduler) or ``driver``
 #: (one after another in this process, no Tune; random search and FIFO only).
 RUNNERS = ("tune", "driver")
+#: File-system errors that stop a driver-runner sweep instead of failing one trial:
+#: the next trial would meet them too (a full disk, a read-only or forbidden folder).
+STOPPING_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM")
+    if hasattr(errno, name)
+)
 #: The runner an experiment was started with (``OUT/tune/<this>``); a resume must match.
 RUNNER_FILE = "runner.txt"
 
@@ -394,6 +402,10 @@ def run_cell_in_driver(
                 statuses[trial_id] = "TERMINATED"
                 break
             except Exception as err:  # noqa: BLE001 - reported like a Tune trial error
+                if isinstance(err, OSError) and err.errno in STOPPING_ERRNOS:
+                    # a full disk or a read-only/forbidden folder stops the sweep (the
+                    # CLI prints one line naming the file); --resume continues it
+                    raise
                 statuses[trial_id] = "ERROR"
                 print(
                     f"{name}: trial {trial_id} failed (attempt {attempt + 1} of 2): "

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from engine.config import config_from_dict
+from engine.results import writing
 
 PARTITIONS = ("algorithm", "epsilon_budget")
 TUNE_STREAM = 9  # rng stream of random-search samples
@@ -183,8 +184,9 @@ def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -
     path.parent.mkdir(parents=True, exist_ok=True)
     table = row_table(row, columns)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)  # what DataFrame.to_parquet does with this table
-    os.replace(tmp, path)
+    with writing(path, tmp):  # a full disk: an OSError naming the file, no partial file
+        pq.write_table(table, tmp)  # what DataFrame.to_parquet does with this table
+        os.replace(tmp, path)
     return table
 
 
@@ -237,7 +239,8 @@ def compact_trial(
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.concat_tables(tables), tmp)
+        with writing(target, tmp):
+            pq.write_table(pa.concat_tables(tables), tmp)
     else:
 
         def rows_of(p: Path) -> pd.DataFrame:
@@ -247,7 +250,8 @@ def compact_trial(
         frames = [rows_of(p) for p in sources] + ([last.to_pandas()] if last is not None else [])
         frame = pd.concat(frames, ignore_index=True)
         frame = frame.drop_duplicates("round", keep="last").sort_values("round", ignore_index=True)
-        frame.to_parquet(tmp, index=False)
+        with writing(target, tmp):
+            frame.to_parquet(tmp, index=False)
     os.replace(tmp, target)
     for p in parts:
         p.unlink()
@@ -396,8 +400,9 @@ def trial_body(
             blob = pickle.dumps(state)
             own.parent.mkdir(parents=True, exist_ok=True)
             tmp = own.with_name(f".{own.name}.tmp")
-            tmp.write_bytes(blob)
-            os.replace(tmp, own)
+            with writing(own, tmp):
+                tmp.write_bytes(blob)
+                os.replace(tmp, own)
 
         def metrics_of(row: dict) -> dict[str, Any]:
             if not math.isnan(row["test_accuracy"]):

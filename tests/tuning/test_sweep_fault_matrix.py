@@ -177,3 +177,32 @@ def test_resume_with_another_config_is_refused(sweeps, tmp_path, capsys) -> None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "local.lr=0.5" in err[0] and "experiment.json" in err[0]
     assert _tree(folder) == before
+
+
+def test_full_disk_stops_the_sweep_resumable(sweeps, tmp_path, capsys, monkeypatch) -> None:
+    """pyarrow reports a full disk without errno or file name: the sweep stops (no
+    trial marked failed and the next one tried) with one line naming the file, leaves
+    no partial file, and the resumed sweep equals the uninterrupted one."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "disk"
+    real = pq.write_table
+    calls = {"n": 0}
+
+    def full(table, where, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:  # trial 2's first row
+            Path(where).write_bytes(b"PAR1 half")
+            raise OSError("[Errno 28] Error writing bytes to file. Detail: No space left")
+        return real(table, where, *a, **k)
+
+    monkeypatch.setattr(pq, "write_table", full)
+    capsys.readouterr()
+    assert _tune(out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dpfl: error: {out / CELL}"), err
+    assert "No space left on device" in err[0] and "dpfl tune --resume" in err[0]
+    assert not [p for p in out.rglob(".*") if p.is_file() and p.name.endswith(".tmp")]
+    monkeypatch.setattr(pq, "write_table", real)  # space freed
+    assert _tune(out, "--resume") == 0
+    _assert_same_as_oracle(out, sweeps["full"])
