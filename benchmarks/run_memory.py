@@ -135,9 +135,13 @@ def measure(cmd: list[str], interval: float) -> tuple[dict[int, dict], float, in
             s = status_kb(pid)
             if not s:
                 continue
-            rec = peaks.setdefault(pid, {"name": name_of(pid, proc.pid)})
-            if rec["name"].startswith("ray::IDLE") or rec["name"] == "?":
-                rec["name"] = name_of(pid, proc.pid)  # an actor names itself once started
+            rec = peaks.setdefault(pid, {})
+            # Named at every sample: a process forked by the driver carries the
+            # driver's command line until it execs, and an actor names itself late.
+            name = name_of(pid, proc.pid)
+            if name != "?":
+                rec["name"] = name
+            rec.setdefault("name", "?")
             for k, v in s.items():
                 rec[k] = max(rec.get(k, 0), v)
         time.sleep(interval)
