@@ -154,6 +154,8 @@ def hold_out_public(
         input_shape=pooled.input_shape,
         groups=g_tr,
     )
+    if len(x_parts) == 1:  # one part (the held-out tail or a fancy-indexed copy): no copy
+        return population, x_parts[0], y_parts[0]
     return population, np.concatenate(x_parts), np.concatenate(y_parts)
 
 
