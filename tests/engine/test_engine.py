@@ -207,7 +207,9 @@ def test_dp_training_learns_on_synthetic() -> None:
     assert res.rounds["eval_source"].iloc[-1] == "public: 60 held-out clients"
 
 
-@pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp2_fedsam", "dp_fedpgn"])
+@pytest.mark.parametrize(
+    "algorithm", ["dp_fedavg", "dp2_fedsam", "dp_fedpgn", "dp_ftrl", "dp_bandmf"]
+)
 def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> None:
     cfg = load_config(
         overrides=[
