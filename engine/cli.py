@@ -43,6 +43,10 @@ __all__ = ["HANDLERS", "RAY_LOG", "TUNE_METRICS", "build_parser", "main"]
 
 #: Read by :func:`engine.executors.ensure_ray`: "0" keeps workers' output off the console.
 LOG_TO_DRIVER_ENV = "DPFL_RAY_LOG_TO_DRIVER"
+#: Read by :func:`engine.executors.ensure_ray` (its ``QUIET_ENV``): "1" (``dpfl -q``) keeps
+#: the dashboard's address off the console. Spelled here so that commands that start no
+#: Ray (``dpfl algorithms``, ``dpfl privacy``) do not import the executors and torch.
+QUIET_ENV = "DPFL_QUIET"
 #: The keys that promise privacy; a non-private recipe given one is an error.
 PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delta")
 
@@ -860,8 +864,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not hasattr(warnings, "_formatwarning_orig"):
         warnings._formatwarning_orig = warnings.formatwarning  # type: ignore[attr-defined]
-    from engine.executors import QUIET_ENV
-
     quiet_before = os.environ.get(QUIET_ENV)
     if getattr(args, "quiet", False):
         os.environ[QUIET_ENV] = "1"  # read by ensure_ray: no dashboard line
