@@ -41,7 +41,7 @@ What is shared and what is independent
   same weights); ``engine.data`` for the :class:`FederatedDataset` container and, for
   the ``logreg`` workload, the engine's own ``synthetic`` generator
   (``build_dataset`` with the stream ``simulate`` uses); ``engine.config`` /
-  ``engine.simulate`` to run the dpfl side.
+  ``engine.simulation`` to run the dpfl side.
 * **Independent** (this file's own code; it imports nothing from ``engine.client``,
   ``engine.server``, ``engine.privacy``, ``engine.executors``, ``engine.rng`` or
   ``algorithms`` — ``simulate`` uses them, the plain loop never does): the local SGD
@@ -367,7 +367,7 @@ def make_dataset(w: Workload) -> FederatedDataset:
             f"seed={w.seed}",
         ]
     )
-    # The stream engine.simulate.prepare() uses: (seed, DATA).
+    # The stream engine.simulation.prepare() uses: (seed, DATA).
     return build_dataset(cfg.dataset, numpy_stream(w.seed, DATA))
 
 
@@ -742,7 +742,7 @@ def run_dpfl(
     w: Workload, ds: FederatedDataset, overrides: list[str], run_name: str
 ) -> dict[str, Any]:
     """``simulate`` on the prepared dataset (Ray already started); the measurements."""
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     cfg = load_config(overrides=overrides)
     sampler = LastRoundSampler(run_name, w.rounds)

@@ -37,6 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench  # noqa: E402
 
+from engine.simulation import simulate  # noqa: E402
+
 
 class WorkerProbe:
     """``simulate(on_round=...)``: at the last round, ask every worker where it trained
@@ -92,7 +94,7 @@ def run_one(w, ds, k: int, gpus: int, group: str, device: str, cpus: float) -> d
     probe = WorkerProbe(w.rounds)
     name = f"gpuscale-{w.name}-{k}-{group}"
     t0 = time.perf_counter()
-    res = bench.simulate(
+    res = simulate(
         bench.load_config(overrides=overrides),
         dataset=ds,
         write=False,

@@ -54,7 +54,7 @@ for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
 
 import bench  # noqa: E402  (its workloads and data: the same as bench.py's)
 
-import engine.simulate as sim  # noqa: E402
+import engine.simulation as sim  # noqa: E402
 from engine.config import load_config  # noqa: E402
 from engine.phases import PhaseTimer  # noqa: E402
 from engine.results import RoundWriter  # noqa: E402

@@ -40,7 +40,7 @@ from engine.client import PartialSum  # noqa: E402
 from engine.config import load_config  # noqa: E402
 from engine.data.federated import FederatedDataset  # noqa: E402
 from engine.server import Server  # noqa: E402
-from engine.simulate import make_executor, prepare  # noqa: E402
+from engine.simulation import make_executor, prepare  # noqa: E402
 
 
 def load() -> str:

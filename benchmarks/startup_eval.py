@@ -14,7 +14,7 @@ workers of 1 CPU; the server in the driver, as ``ray.server=auto`` places it on
 one node), 2 rounds, nothing written. Measured three
 times per repeat:
 
-* ``simulate``, cold and warm: wall time from calling :func:`engine.simulate.simulate`
+* ``simulate``, cold and warm: wall time from calling :func:`engine.simulation.simulate`
   until its ``on_round`` callback sees round 1's row (and round 2's, for a steady
   round). Cold: the calibration store (``engine.privacy.calibration_store``, here a
   temporary ``DPFL_CACHE_DIR``) and this process's RDP curves are emptied first, so σ
@@ -80,7 +80,7 @@ from bench import WORKLOADS, load_average, make_template_data, start_local_ray  
 from engine import rng as rngs  # noqa: E402
 from engine.config import load_config  # noqa: E402
 from engine.models import build_model  # noqa: E402
-from engine.simulate import make_executor, prepare, simulate  # noqa: E402
+from engine.simulation import make_executor, prepare, simulate  # noqa: E402
 
 FIRST_ROUND_TARGET_S = 3.0
 EVAL_TARGET_FACTOR = 0.8  # dpfl on k workers >= 0.8 k x plain examples/s
@@ -202,10 +202,10 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
-import engine.client, engine.server, engine.simulate
+import engine.client, engine.server, engine.simulation
 t2 = time.perf_counter()
 from engine.config import load_config
-from engine.simulate import make_executor, prepare
+from engine.simulation import make_executor, prepare
 cfg = load_config(overrides=sys.argv[1:] + ["ray.executor=local"])
 t3 = time.perf_counter()
 prep = prepare(cfg)

@@ -47,7 +47,7 @@ def load() -> str:
 
 def trial(ds: Any, overrides: list[str]) -> dict[str, float]:
     """One trial (in a Ray task): its client updates and the times of its rounds."""
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     marks: list[float] = []
     t0 = time.time()

@@ -25,7 +25,7 @@ sweep's verdict is the better one's.
 The baseline runs the *same* trials — trial k's hyperparameters, drawn by
 ``tuning.spaces.sample`` from (seed, algorithm, ε, k), its own ``trial_seed``, the data
 set built from the experiment seed, as ``tuning.trial.make_trainable`` does — one after
-another in this process through :func:`engine.simulate.simulate` with
+another in this process through :func:`engine.simulation.simulate` with
 ``ray.executor=local`` (nothing written). Its figure is the sum of the per-trial wall
 times (data set built, checks, σ calibrated, executor built, rounds).
 
@@ -115,7 +115,7 @@ def trial_config(base: dict, index: int):
 
 def run_in_process(base: dict, n: int) -> list[dict[str, Any]]:
     """The n trials back to back in this process with ``ray.executor=local``."""
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     out = []
     for k in range(n):

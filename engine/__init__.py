@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from engine.simulate import SimulationResult
+    from engine.simulation import SimulationResult
 
 __all__ = ["calibrate_noise", "epsilon", "load_config", "simulate", "RunConfig"]
 
@@ -20,8 +20,8 @@ from engine.config import RunConfig, load_config
 
 
 def simulate(config: RunConfig, **kwargs: Any) -> SimulationResult:
-    """Run one simulation; see :func:`engine.simulate.simulate`."""
-    from engine.simulate import simulate as _simulate
+    """Run one simulation; see :func:`engine.simulation.simulate`."""
+    from engine.simulation import simulate as _simulate
 
     return _simulate(config, **kwargs)
 

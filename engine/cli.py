@@ -291,7 +291,7 @@ class RunPlan:
     seeds: list[int]
     default_out: bool = False
     overwrite: bool = False
-    resume: dict | None = None  # engine.simulate.load_run's state (--resume)
+    resume: dict | None = None  # engine.simulation.load_run's state (--resume)
     dataset: Any = None  # the first seed's data, built while checking (reused)
     #: --resume: engine.run_folder.check_run_folder's verdict ("continue", "complete",
     #: "start"); its rows are those of a finished run for "complete".
@@ -304,7 +304,7 @@ def _plan_run(args: argparse.Namespace) -> RunPlan:
     everything ``simulate.prepare`` checks without training) and say what will run.
     Creates no folder and starts nothing."""
     from engine.config import replace
-    from engine.simulate import prepare
+    from engine.simulation import prepare
 
     if args.resume:
         from engine.run_folder import check_run_folder
@@ -362,7 +362,7 @@ def _plan_run(args: argparse.Namespace) -> RunPlan:
 def _execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
     """Run a checked plan: claim the folder, then one simulation per seed."""
     from engine.config import replace
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     config = plan.config
     uses_ray = config.ray.executor == "ray"
@@ -498,7 +498,7 @@ def _privacy(args: argparse.Namespace) -> int:
         eps = compute_epsilon(z, spec, args.rounds, delta, accountant)
     except (CalibrationError, ValueError) as e:
         raise ConfigError(str(e)) from None
-    if spec.mode == "fixed":  # the warning runs give (engine.simulate), as one line
+    if spec.mode == "fixed":  # the warning runs give (engine.simulation), as one line
         print(
             "dpfl: warning: sampling.mode=fixed is accounted under replace-one adjacency with "
             f"sensitivity 2C; its epsilon ({eps:.3g}) is far looser than Poisson sampling's",

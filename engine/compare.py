@@ -107,7 +107,7 @@ def validate(runs: list[PlannedRun]) -> None:
     """Every check that needs no training (data files, model, budget), for every
     row, before any folder is created or any work starts. The seed changes no
     check, so each row is checked once."""
-    from engine.simulate import prepare
+    from engine.simulation import prepare
 
     seen: set[str] = set()
     for label, c in runs:
@@ -162,7 +162,7 @@ def _finished(c: RunConfig, checked: Any) -> Any:
     """A finished run's result as on disk (nothing is computed or rewritten)."""
     import json
 
-    from engine.simulate import SimulationResult
+    from engine.simulation import SimulationResult
 
     privacy = json.loads((Path(str(c.out)) / "config.json").read_text())["privacy"]
     weights = checked.state["server"]["weights"]
@@ -179,7 +179,7 @@ def run(
     as ``recipe``, its seed) in ``out/compare.parquet``, rewritten after each run.
     ``done`` (:func:`check_resume`): runs whose folder exists; a finished one is read
     from disk, an interrupted one continues from its checkpoint."""
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     owns_ray = False
     first = runs[0].config

@@ -5,7 +5,7 @@ Every section validates itself in ``__post_init__`` and raises :class:`ConfigErr
 (a ``ValueError``) with one line naming the key and the bad value. Cross-section
 checks that need the whole tree (cohort vs. clients, exactly one of ε / σ) live in
 :meth:`RunConfig.__post_init__`. Checks that need the data (files present) or the
-accountant (ε reachable) run in :func:`engine.simulate.prepare` before any work starts.
+accountant (ε reachable) run in :func:`engine.simulation.prepare` before any work starts.
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def ablation(
     """Run the variants of ``ABLATIONS[which]`` for every seed (and target ε, when the
     preset states its budget by ε; otherwise at the preset's own noise multiplier);
     runs already in ``done`` (same variant, ε and seed) are kept, not rerun."""
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     stem, variants, _ = ABLATIONS[which]
     preset = read_preset(ROOT / "experiments" / f"{stem}.yaml")

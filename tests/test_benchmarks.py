@@ -31,7 +31,7 @@ ALLOWED_ENGINE_IMPORTS = {
     "engine.data",
     "engine.data.federated",
     "engine.models",
-    "engine.simulate",
+    "engine.simulation",
 }
 
 # Both sides use the same initial model, cohorts, minibatch order and noise draws, so

@@ -493,7 +493,7 @@ def run_tune(
             )
     except selection.TuningPrivacyError as e:
         raise ConfigError(str(e)) from None
-    from engine.simulate import plan_privacy
+    from engine.simulation import plan_privacy
 
     for a in algorithms:  # every budget must be reachable before any work starts
         for e in epsilons:
@@ -530,10 +530,18 @@ def run_tune(
     if runner == "tune":
         import ray
 
+        gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        attached = bool(config.ray.address or os.environ.get("RAY_ADDRESS"))
+        if gpus and not attached:
+            import torch
+
+            # A one-node Ray whose GPUs torch cannot use (declared ones, as in the tests'
+            # fake GPU) would make every packed trial refuse its share at start: keep
+            # trials on the CPU there. An attached cluster's workers may have CUDA where
+            # the driver has none, so its GPUs are packed.
+            gpus = gpus if torch.cuda.is_available() else 0.0
         config = pack_trials_per_gpu(
-            config,
-            tune_section.get("trials_per_gpu", TRIALS_PER_GPU),
-            float(ray.cluster_resources().get("GPU", 0.0)),
+            config, tune_section.get("trials_per_gpu", TRIALS_PER_GPU), gpus
         )
     if runner == "tune" and not (config.ray.address or os.environ.get("RAY_ADDRESS")):
         _check_trial_fits(config.ray, head)  # a cluster may autoscale

@@ -358,7 +358,7 @@ def trial_body(
         from engine import rng as rngs
         from engine.config import replace, with_algorithm
         from engine.data import build_dataset
-        from engine.simulate import sampling_spec, simulate
+        from engine.simulation import sampling_spec, simulate
 
         hps = dict(params)
         index = trial_index(hps, trial_id)

@@ -14,7 +14,7 @@ import algorithms.pipeline as pl
 from algorithms import RECIPES, build_pipeline
 from engine.cli import main
 from engine.config import AlgoConfig, ConfigError, RecipeConfig, load_config
-from engine.simulate import prepare, simulate
+from engine.simulation import prepare, simulate
 from tests.conftest import TINY as CONFTEST_TINY
 from tuning.spaces import space_for
 

@@ -14,7 +14,7 @@ from algorithms.pipeline import LUS, GaussianPrivatizer, Pipeline, RandK, TopK
 from engine.config import AlgoConfig, load_config
 from engine.privacy.accounting import SamplingSpec, make_accountant
 from engine.privacy.tree_aggregation import rounds_event
-from engine.simulate import simulate
+from engine.simulation import simulate
 from tests.conftest import TINY
 
 ALL = list(RECIPES)

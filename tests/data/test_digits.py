@@ -101,7 +101,7 @@ def test_missing_sklearn_is_one_line_before_any_work(monkeypatch) -> None:
     import importlib.util
 
     from engine.config import ConfigError
-    from engine.simulate import prepare
+    from engine.simulation import prepare
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -256,7 +256,7 @@ def test_privacy_help_describes_every_option() -> None:
 
 def test_privacy_delta_defaults_as_runs_do(capsys) -> None:
     from engine.privacy.accounting import default_delta
-    from engine.simulate import plan_privacy
+    from engine.simulation import plan_privacy
 
     base = ["privacy", "--epsilon", "4", "--sampling-rate", "0.1", "--rounds", "50", "--json"]
     assert main(base) == 0

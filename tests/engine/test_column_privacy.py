@@ -14,7 +14,7 @@ import pytest
 
 from engine.config import load_config
 from engine.metrics import round_metrics
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import ConfigError, RunConfig, config_from_dict, load_config
-from engine.simulate import prepare
+from engine.simulation import prepare
 
 
 @pytest.mark.parametrize(

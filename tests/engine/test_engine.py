@@ -14,7 +14,7 @@ from engine.client import ClientWorker
 from engine.config import load_config
 from engine.models import build_model
 from engine.privacy.accounting import SamplingSpec, compute_epsilon, default_delta
-from engine.simulate import simulate
+from engine.simulation import simulate
 from engine.worker_model import flatten_params, load_flat_
 
 REQUIRED = {
@@ -100,7 +100,7 @@ def test_same_seed_same_result_other_seed_differs(small_overrides) -> None:
 def test_result_does_not_depend_on_client_order(small_overrides) -> None:
     """A client's update depends on (seed, round, client) only, not on what ran before."""
     cfg = load_config(overrides=small_overrides)
-    from engine.simulate import make_executor, prepare
+    from engine.simulation import make_executor, prepare
 
     prep = prepare(cfg)
     ex = make_executor(prep)
@@ -184,7 +184,7 @@ def test_dp_training_learns_on_synthetic() -> None:
     function (W_k's common offset u_k cancels in the argmax), so the public test set
     of unseen clients stays near chance and is not what this test measures."""
     from engine.evaluation import evaluate
-    from engine.simulate import prepare
+    from engine.simulation import prepare
 
     cfg = load_config(
         overrides=[

@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import load_config
 from engine.evaluation import auc_lower_is_member
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 
 def test_auc_matches_pairwise_oracle() -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from engine.cli import main
 from engine.config import load_config
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 ROUNDS = 4
 RUN = [
@@ -242,7 +242,7 @@ for _o in RUN:
 @pytest.fixture(scope="module")
 def comparisons(tmp_path_factory) -> dict[str, Path]:
     """An uninterrupted comparison, and one whose second run died after round 2."""
-    import engine.simulate as sim
+    import engine.simulation as sim
 
     root = tmp_path_factory.mktemp("compare")
     assert main([*COMPARE, "--out", str(root / "full")]) == 0

@@ -37,7 +37,7 @@ def test_metrics_recorded_through_ray_with_run_tags(
 ) -> None:
     """A run on Ray records one set of values per round; ε is the accountant's."""
     from engine.config import load_config
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     seen: list[dict] = []
     original = RunMetrics.record

@@ -18,7 +18,7 @@ from engine.client import ClientWorker, LocalSpec
 from engine.config import AlgoConfig, ConfigError, load_config
 from engine.data.federated import FederatedDataset
 from engine.models import build_model
-from engine.simulate import simulate
+from engine.simulation import simulate
 from engine.worker_model import flatten_params, init_process_model
 
 

@@ -60,7 +60,7 @@ def test_held_out_split_kept_where_a_metric_needs_it() -> None:
 
 
 def test_dp_fedavg_clients_train_on_all_their_data() -> None:
-    from engine.simulate import prepare
+    from engine.simulation import prepare
 
     cfg = load_config(overrides=["dataset.num_clients=50", "rounds=1"])
     ds = prepare(cfg).dataset

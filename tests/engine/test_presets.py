@@ -193,7 +193,7 @@ eval: {every: 2}
         assert (sub["epsilon"] <= e + 1e-9).all()
         z = float(sub["noise_multiplier"].iloc[0])
         cfg = load_config(None, [], base=read_preset(preset).tree("cpu"))
-        from engine.simulate import plan_privacy
+        from engine.simulation import plan_privacy
 
         plan = plan_privacy(load_config(None, [f"privacy.epsilon={e}"], base=read_preset(
             preset).tree("cpu")))  # fmt: skip

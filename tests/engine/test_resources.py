@@ -32,7 +32,7 @@ def test_memory_packing_never_guesses_on_a_gpu_it_cannot_measure(
     import torch
 
     from engine.config import load_config
-    from engine.simulate import make_executor, prepare
+    from engine.simulation import make_executor, prepare
 
     if torch.cuda.is_available():
         pytest.skip("real GPU: covered by test_probe_measures_a_real_gpu")
@@ -111,7 +111,7 @@ def test_a_worker_given_a_gpu_that_torch_cannot_use_refuses_to_start(
     import torch
 
     from engine.config import load_config
-    from engine.simulate import make_executor, prepare
+    from engine.simulation import make_executor, prepare
 
     if torch.cuda.is_available():
         pytest.skip("real GPU: covered by test_gpu_workers_match_cpu_workers")
@@ -140,7 +140,7 @@ def test_gpu_workers_match_cpu_workers(small_overrides, algorithm) -> None:
     import numpy as np
 
     from engine.config import load_config
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     def run(device: str):
         cfg = load_config(
@@ -185,7 +185,7 @@ def test_default_config_trains_on_a_usable_gpu(ray_session, small_overrides) -> 
     """With a GPU the driver can use, the default ``ray.num_gpus_per_worker=0`` and
     ``worker_device=auto`` put the workers on it (0.5 GPU each for 2 workers)."""
     from engine.config import load_config
-    from engine.simulate import make_executor, prepare
+    from engine.simulation import make_executor, prepare
 
     cfg = load_config(
         overrides=[*small_overrides, "ray.executor=ray", "ray.num_cpus_per_worker=0.5"]

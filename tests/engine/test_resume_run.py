@@ -14,7 +14,7 @@ import pytest
 
 from engine.cli import main
 from engine.config import load_config
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 
 def _overrides(small_overrides: list[str], out: str) -> list[str]:

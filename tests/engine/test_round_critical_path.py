@@ -21,7 +21,7 @@ from engine.phases import OFF, PhaseTimer, timed
 from engine.privacy import mechanisms
 from engine.privacy.mechanisms import add_float64_, clip_update, privatize_sum, server_noise
 from engine.rng import torch_gen
-from engine.simulate import make_executor, prepare
+from engine.simulation import make_executor, prepare
 
 
 def bits(t: torch.Tensor) -> np.ndarray:

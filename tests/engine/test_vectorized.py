@@ -29,7 +29,7 @@ from algorithms import build_pipeline
 from engine.client import ClientWorker, LocalSpec, PartialSum
 from engine.config import AlgoConfig, load_config
 from engine.data.federated import FederatedDataset
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 RTOL, ATOL = 1e-4, 1e-5
 # 12 clients: empty, below one batch (1, 2, 3), exact batches (4, 8), ragged (5..13).

@@ -2,7 +2,7 @@
 
 Shared by ``generate.py`` (writes ``golden.json``) and ``test_golden.py`` (reruns every
 case with the current code and asserts equality). Uses only
-``engine.config.load_config`` and ``engine.simulate.simulate`` with its keyword
+``engine.config.load_config`` and ``engine.simulation.simulate`` with its keyword
 arguments (``write``, ``resume``, ``on_checkpoint``, ``on_round``), the entry points the
 existing tests use, so code can move inside the packages with few changes here.
 
@@ -137,7 +137,7 @@ NON_PRIVATE = ("fedavg", "fedsam")
 
 @dataclass(frozen=True)
 class Case:
-    """One golden run. ``kind``: ``plain`` (one :func:`engine.simulate`), ``resume``
+    """One golden run. ``kind``: ``plain`` (one :func:`engine.simulation`), ``resume``
     (interrupted after ``interrupt_after`` rounds, resumed from the checkpoint the run
     handed to ``on_checkpoint``; also run uninterrupted, which must give the same
     record) or ``ray`` (``ray.executor=ray``; needs a running Ray)."""
@@ -325,7 +325,7 @@ def params_sha256(weights: Any) -> str:
 
 
 def record(result: Any) -> dict[str, Any]:
-    """The golden record of one :class:`engine.simulate.SimulationResult`."""
+    """The golden record of one :class:`engine.simulation.SimulationResult`."""
     frame = result.rounds
     columns = {
         str(c): {"dtype": str(frame[c].dtype), "values": [_value(v) for v in frame[c].tolist()]}
@@ -352,7 +352,7 @@ class _Interrupt(Exception):
 
 def _simulate(overrides: list[str], **kwargs: Any) -> Any:
     from engine.config import load_config
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     return simulate(load_config(overrides=overrides), **kwargs)
 

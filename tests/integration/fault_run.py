@@ -21,7 +21,7 @@ import time
 import ray
 
 from engine.config import load_config, replace
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 KILL_AFTER_ROUND = 2
 KILL_DELAY_S = 0.6

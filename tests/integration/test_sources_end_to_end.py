@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.config import load_config
-from engine.simulate import simulate
+from engine.simulation import simulate
 
 COMMON = [
     "ray.executor=local",

@@ -18,7 +18,7 @@ from engine.privacy.adaptive_clip import (
     update_noise_multiplier,
 )
 from engine.privacy.mechanisms import clip_update
-from engine.simulate import make_executor, prepare, simulate
+from engine.simulation import make_executor, prepare, simulate
 from tests.conftest import SMALL
 
 

@@ -17,7 +17,7 @@ from engine.audit import (
     threshold_lower_bound,
 )
 from engine.config import ConfigError, load_config
-from engine.simulate import prepare, simulate
+from engine.simulation import prepare, simulate
 from tests.conftest import SMALL
 
 
@@ -111,7 +111,26 @@ def test_canaries_do_not_change_the_accounted_epsilon():
         load_config(overrides=["eval.audit_canaries=-1"])
 
 
-PRIVATE = [name for name, recipe in RECIPES.items() if recipe.private]
+PRIVATE = [
+    name for name, recipe in RECIPES.items() if recipe.private and recipe.participation == "sampled"
+]
+#: Correlated noise (DP-FTRL, DP-BandMF): the audit's per-round independence does not hold.
+CORRELATED = [name for name, recipe in RECIPES.items() if recipe.participation != "sampled"]
+
+
+@pytest.mark.parametrize("algorithm", CORRELATED)
+def test_correlated_noise_recipes_refuse_the_audit_and_adaptive_clipping(algorithm):
+    """Neither the canary audit (it assumes independent noise in every round) nor
+    adaptive clipping (its count release is not accounted with the correlated event)
+    runs silently under correlated noise: each is refused, naming the key."""
+    assert CORRELATED, "no correlated-noise recipe registered"
+    for extra in (
+        ["eval.audit_canaries=10"],
+        ["privacy.clip_mode=adaptive", "privacy.clip_count_stddev=2"],
+    ):
+        with pytest.raises(ConfigError, match=extra[0].split("=")[0]):
+            over = [*SMALL, f"algorithm={algorithm}", "rounds=3", *extra]
+            prepare(load_config(overrides=over))
 
 
 @pytest.mark.parametrize("algorithm", PRIVATE)

@@ -16,7 +16,7 @@ from algorithms.pieces.correlated_noise import BandedMFPrivatizer, BandedServer
 from engine.config import load_config
 from engine.privacy import banded_mf as bm
 from engine.privacy.accounting import SamplingSpec, calibrate_noise_multiplier, compute_epsilon
-from engine.simulate import plan_privacy
+from engine.simulation import plan_privacy
 
 
 def random_banded(n: int, b: int, seed: int = 0) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import load_config
 from engine.data.federated import FederatedDataset
-from engine.simulate import prepare
+from engine.simulation import prepare
 
 
 def _dataset(sizes: list[int], seed: int = 0) -> FederatedDataset:
@@ -57,7 +57,7 @@ def test_pgn_steps_do_not_depend_on_client_data() -> None:
 
 @pytest.mark.parametrize("n", [10, 1000, 10**5])
 def test_default_delta_keeps_n_delta_small(n: int) -> None:
-    from engine.simulate import plan_privacy
+    from engine.simulation import plan_privacy
 
     cfg = load_config(overrides=[f"dataset.num_clients={n}", "privacy.noise_multiplier=1.0"])
     delta = plan_privacy(cfg).delta
@@ -65,7 +65,7 @@ def test_default_delta_keeps_n_delta_small(n: int) -> None:
 
 
 def test_large_delta_warns(small_overrides: list[str], recwarn) -> None:
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     base = [*small_overrides, "rounds=1", "privacy.noise_multiplier=1.0"]
     simulate(load_config(overrides=base), write=False)
@@ -84,7 +84,7 @@ class Crash(Exception):
 def _tracked_run(monkeypatch, cfg, events: list, crash: tuple[str, int] | None, resume=None):
     """simulate() recording ("computed", r) per finished round and ("released", r) per
     row written; ``crash=("before"|"after", r)`` raises around the write of row r."""
-    import engine.simulate as sim
+    import engine.simulation as sim
     from engine.results import RoundWriter
 
     monkeypatch.undo()
@@ -119,7 +119,7 @@ def _tracked_run(monkeypatch, cfg, events: list, crash: tuple[str, int] | None, 
 def test_a_released_round_is_never_recomputed(monkeypatch, small_overrides, tmp_path, where):
     import pandas as pd
 
-    from engine.simulate import load_run, simulate
+    from engine.simulation import load_run, simulate
 
     over = [*small_overrides, "rounds=4", "privacy.noise_multiplier=1.0"]
     full = simulate(load_config(overrides=[*over, f"out={tmp_path}/full"]))
@@ -155,7 +155,7 @@ def test_tune_refuses_sparse_checkpoints(tmp_path) -> None:
 
 
 def _run(over: list[str], *extra: str, **kw):
-    from engine.simulate import simulate
+    from engine.simulation import simulate
 
     return simulate(load_config(overrides=[*over, *extra]), **kw)
 

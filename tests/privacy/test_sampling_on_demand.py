@@ -146,7 +146,7 @@ SMALL = [
 def test_a_run_samples_with_the_sampler_of_its_population(materialize) -> None:
     """The server picks the sampler from dataset.meta: a materialised run realises the
     old cohorts, an on-demand run the O(cohort) ones."""
-    from engine.simulate import prepare, simulate
+    from engine.simulation import prepare, simulate
 
     cfg = load_config(overrides=[*SMALL, f"dataset.materialize={str(materialize).lower()}"])
     res = simulate(cfg, write=False)

@@ -17,7 +17,7 @@ from engine.privacy.accounting import (
     compute_epsilon,
     round_event,
 )
-from engine.simulate import plan_privacy
+from engine.simulation import plan_privacy
 
 #: dp-accounting's default RDP orders, written out here (not imported)
 ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]

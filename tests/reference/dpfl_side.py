@@ -1,7 +1,7 @@
 """The dpfl side of the parity tests: run dpfl in process and read its public randomness.
 
 This module (unlike ``common.py`` and ``methods.py``) imports dpfl: it runs
-``engine.simulate.simulate`` with ``ray.executor=local`` and reads, from the same
+``engine.simulation.simulate`` with ``ray.executor=local`` and reads, from the same
 seeded streams dpfl draws from (``engine.rng``, ``engine.server.sample_cohort``), the
 cohorts, minibatch orders, noise draws and rand-k masks, to hand them to the reference.
 """
@@ -18,7 +18,7 @@ from engine import rng as rngs
 from engine.config import config_from_dict
 from engine.data.federated import FederatedDataset
 from engine.server import sample_cohort
-from engine.simulate import prepare, simulate
+from engine.simulation import prepare, simulate
 from engine.worker_model import flatten_params, init_process_model
 from tests.reference.common import Problem, shapes
 from tests.reference.methods import PRIVATE, Setting

@@ -14,7 +14,7 @@ from engine import rng as rngs
 from engine.config import config_from_dict
 from engine.privacy.banded_mf import strategy
 from engine.server import sample_cohort
-from engine.simulate import prepare, simulate
+from engine.simulation import prepare, simulate
 from engine.worker_model import flatten_params, init_process_model
 from tests.reference.banded_mf import run_dp_bandmf
 from tests.reference.common import make_problem, shapes

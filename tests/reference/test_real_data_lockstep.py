@@ -25,7 +25,7 @@ from engine.config import config_from_dict
 from engine.data.federated import FederatedDataset
 from engine.data.torchvision_sources import FASHION_MNIST_ROOT
 from engine.server import sample_cohort
-from engine.simulate import prepare, simulate
+from engine.simulation import prepare, simulate
 from engine.worker_model import flatten_params, init_process_model
 from tests.reference.cnn_reference import dp_fedavg_cnn, load_fashion_mnist
 

@@ -24,7 +24,7 @@ from engine import rng as rngs
 from engine.config import config_from_dict
 from engine.privacy.tree_aggregation import OnlineTreeNoise, epoch_cohort
 from engine.server import sample_cohort
-from engine.simulate import prepare, simulate
+from engine.simulation import prepare, simulate
 from engine.worker_model import flatten_params, init_process_model
 from tests.reference.common import make_problem, shapes
 from tests.reference.dpfl_side import SEED, dataset

@@ -80,7 +80,7 @@ def test_an_in_process_trial_sizes_its_groups_for_its_share(small_overrides) -> 
     """A ``local`` trial (the in-process executor in the trial's process) passes its GPU
     share to its worker, so vectorised groups are sized for 1/trials_per_gpu of the card
     (``engine.vectorized._available_bytes``), not for the whole card."""
-    from engine.simulate import make_executor, prepare
+    from engine.simulation import make_executor, prepare
 
     c = cfg(*small_overrides, "ray.executor=local")
     packed = pack_trials_per_gpu(c, 4, 1.0)

@@ -43,7 +43,7 @@ from engine.privacy.accounting import (
 from engine.results import RoundWriter, write_json
 from engine.server import ServerSpec
 
-timeline.mark("imports done")  # dpfl run: engine.simulate (torch, dp-accounting, pandas) loaded
+timeline.mark("imports done")  # dpfl run: engine.simulation (torch, dp-accounting, pandas) loaded
 
 
 @dataclass(frozen=True)
