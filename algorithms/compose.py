@@ -28,7 +28,10 @@ This module imports no torch: :mod:`engine.config` checks names with it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+from engine.errors import check as _check
 
 STEPS = ("sgd", "sam", "pgn")
 REGULARIZERS = ("blur",)
@@ -65,8 +68,47 @@ PIECE_SPACES: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecipeConfig:
+    """A user-composed recipe, read only with ``algorithm: custom`` (this module):
+    the pieces by name; their parameters are the ``algo.*`` keys."""
+
+    private: bool = True
+    step: str = "sgd"
+    regularizer: str | None = None
+    constraint: str | None = None
+    client_transforms: tuple[str, ...] = ()
+    noise_support: str = "all"
+    server_transforms: tuple[str, ...] = ()
+    personal: bool = False
+
+    def __post_init__(self) -> None:
+        def one_of(key: str, value: Any, names: tuple[str, ...]) -> None:
+            _check(value in names, f"recipe.{key}", value, f"must be one of {', '.join(names)}")
+
+        one_of("step", self.step, STEPS)
+        if self.regularizer is not None:
+            one_of("regularizer", self.regularizer, REGULARIZERS)
+        if self.constraint is not None:
+            one_of("constraint", self.constraint, CONSTRAINTS)
+        for name in self.client_transforms:
+            one_of("client_transforms", name, CLIENT_TRANSFORMS)
+        for name in self.server_transforms:
+            one_of("server_transforms", name, SERVER_TRANSFORMS)
+        one_of("noise_support", self.noise_support, NOISE_SUPPORTS)
+        for key in ("client_transforms", "server_transforms"):
+            names = getattr(self, key)
+            _check(len(set(names)) == len(names), f"recipe.{key}", list(names), "repeats a piece")
+        _check(
+            self.private or self.noise_support == "all",
+            "recipe.noise_support",
+            self.noise_support,
+            "needs recipe.private=true (a non-private recipe adds no noise)",
+        )
+
+
 def pieces(recipe: Any) -> list[str]:
-    """The named pieces of a ``RecipeConfig`` (engine.config), in engine order."""
+    """The named pieces of a :class:`RecipeConfig`, in engine order."""
     out = [recipe.step]
     out += [p for p in (recipe.regularizer, recipe.constraint) if p]
     out += list(recipe.client_transforms) + list(recipe.server_transforms)

@@ -1,7 +1,7 @@
 """Pieces as frozen dataclasses, and the :class:`Pipeline` a recipe assembles.
 
 The engine, not the recipe, fixes the order in which pieces act (see
-``engine.client`` and ``engine.server``)::
+``engine.federated.client`` and ``engine.federated.server``)::
 
     local steps (step rule + regularizer + constraint) → Δ → client transforms
     → clip to C → sum → noise σC on the noise support → ÷ public denominator

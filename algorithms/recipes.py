@@ -379,17 +379,16 @@ def build_pipeline(
 
     A built-in recipe is its spelling (the pieces it names) built by
     :func:`algorithms.compose.build`, exactly as ``algorithm: custom`` with that
-    ``recipe:`` section; ``name="custom"`` builds ``recipe`` (engine.config.RecipeConfig).
+    ``recipe:`` section; ``name="custom"`` builds ``recipe`` (algorithms.compose.RecipeConfig).
     ``model_name`` (``model.name``) selects the defaults that depend on the model kind
     (DP-Fed-LS's σ_ls, :func:`fed_ls_default_sigma`). Public config only."""
+    from algorithms.compose import RecipeConfig
     from algorithms.compose import build as build_composed
 
     if name == "custom":
         if recipe is None:
             raise ValueError("algorithm=custom needs a recipe: section naming its pieces")
         return build_composed(recipe, algo, clip_norm, noise_multiplier, model_name)
-    from engine.config import RecipeConfig
-
     built_in = get_recipe(name)
     unset = {k: v for k, v in built_in.defaults.items() if getattr(algo, k) is None}
     if unset:

@@ -42,12 +42,13 @@ What is shared and what is independent
   the ``logreg`` workload, the engine's own ``synthetic`` generator
   (``build_dataset`` with the stream ``simulate`` uses); ``engine.config`` /
   ``engine.simulation`` to run the dpfl side.
-* **Independent** (this file's own code; it imports nothing from ``engine.client``,
-  ``engine.server``, ``engine.privacy``, ``engine.executors``, ``engine.rng`` or
+* **Independent** (this file's own code; it imports nothing from ``engine.federated.client``,
+  ``engine.federated.server``, ``engine.privacy``, ``engine.runtime.executors``,
+  ``engine.privacy.rng`` or
   ``algorithms`` — ``simulate`` uses them, the plain loop never does): the local SGD
   loop, the minibatch order, the cohort sampling, the clipping, the Gaussian noise,
   the server update and the evaluation. The random streams are re-implemented from
-  ``engine/rng.py``'s recipe (a ``numpy.random.SeedSequence`` over
+  ``engine/privacy/rng.py``'s recipe (a ``numpy.random.SeedSequence`` over
   ``(seed, stream, round[, client])``) so that both sides draw the same cohorts
   (``g.random(N) < q``), the same minibatch order (a ``torch.randperm`` per epoch,
   batches of B, indices sorted within a batch) and the same server noise
@@ -134,7 +135,7 @@ TARGET_RATIO = 0.75  # cnn on 2 CPU workers
 TARGET_RATIO_VECTORISED = 0.6  # ... with dpfl's own speed-ups (issue: vectorised clients and
 # parallel evaluation; on a CPU the cnn gains from its memory format, not from vmap)
 
-# Stream ids, as documented in engine/rng.py (re-implemented below, not imported).
+# Stream ids, as documented in engine/privacy/rng.py (re-implemented below, not imported).
 SAMPLING, NOISE, CLIENT_DATA, MODEL_INIT, DATA = 1, 2, 3, 4, 5
 
 
@@ -434,7 +435,7 @@ def actor_pids(run_name: str, executor: Any) -> tuple[dict[str, int], str]:
     except Exception:  # noqa: BLE001 - private API may change
         pass
     found = {}
-    pool = executor.pool  # engine.executors.RayWorkerPool
+    pool = executor.pool  # engine.runtime.executors.RayWorkerPool
     server = None if getattr(pool, "server_in_driver", False) else getattr(pool, "server", None)
     handles = [*getattr(pool, "workers", []), server]
     for i, h in enumerate(handles):
@@ -543,7 +544,7 @@ class FlatModel:
         return out
 
     def logical_weights(self) -> torch.Tensor:
-        """The parameters in logical order (what ``engine.worker_model.flatten_params``
+        """The parameters in logical order (what ``engine.federated.worker_model.flatten_params``
         gives), as a new vector."""
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
@@ -1287,7 +1288,9 @@ def main(argv: list[str] | None = None) -> int:
     probe = build_model(w.model, w.input_shape, w.num_classes, torch.Generator().manual_seed(0))
     has_conv = any(isinstance(m, nn.Conv2d) for m in probe.modules())
     fmt_used = args.memory_format
-    if fmt_used == "auto":  # the engine's rule (engine.worker_model.resolve_memory_format)
+    if (
+        fmt_used == "auto"
+    ):  # the engine's rule (engine.federated.worker_model.resolve_memory_format)
         fmt_used = "channels_last" if has_conv and device.type == "cpu" else "contiguous"
     print(f"== dpfl benchmark: workload {w.name}{' (quick)' if args.quick else ''} ==")
     gpu = hw["gpu"] or "none"

@@ -1,6 +1,6 @@
 """Vectorised client groups against one client at a time, in one worker, same cohort.
 
-Builds one :class:`engine.client.ClientWorker` in this process (no Ray) per group
+Builds one :class:`engine.federated.client.ClientWorker` in this process (no Ray) per group
 size G, on ``--device`` (cuda by default), and times ``train_shard`` on the same
 cohort of ``--cohort`` clients of a benchmark workload (``cnn``: MNIST-shaped;
 ``resnet18_gn``: CIFAR-shaped; data from ``bench.py``). For each G it prints:
@@ -40,8 +40,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from algorithms import build_pipeline  # noqa: E402
-from engine.client import ClientWorker, LocalSpec  # noqa: E402
 from engine.config import AlgoConfig  # noqa: E402
+from engine.federated.client import ClientWorker, LocalSpec  # noqa: E402
 
 
 def make_worker(

@@ -63,7 +63,7 @@ sys.path.insert(0, {repo!r})
 from engine.config import DatasetConfig
 from engine.data import build_dataset
 from engine.privacy.accounting import SamplingSpec
-from engine.server import sample_cohort
+from engine.federated.server import sample_cohort
 
 n, cohort, rounds = {n}, {cohort}, {rounds}
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -73,7 +73,7 @@ t0 = time.perf_counter()
 ds = build_dataset(cfg, np.random.default_rng(0))
 setup = time.perf_counter() - t0
 spec = SamplingSpec("poisson", n, rate=cohort / n)
-on_demand = ds.meta.get("materialize", True) is False  # as engine.server.Server sets it
+on_demand = ds.meta.get("materialize", True) is False  # as engine.federated.server.Server sets it
 sample_s, data_s, members = [], [], 0
 for rnd in range(1, rounds + 1):
     t = time.perf_counter()

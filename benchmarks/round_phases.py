@@ -7,7 +7,7 @@ Usage::
 
 Runs ``simulate`` (``write=True`` into a temporary folder, so checkpoints and Parquet
 rows are timed too) on ``benchmarks/bench.py``'s workloads (``resnet18_gn`` with its
-small CPU sizes when no GPU is visible) with an :class:`engine.phases.PhaseTimer`
+small CPU sizes when no GPU is visible) with an :class:`engine.telemetry.phases.PhaseTimer`
 installed on the executor (``Executor.set_timer``); engine code runs unchanged, the
 timer only reads the clock. Printed, per round and as the mean of rounds 2..N:
 
@@ -56,8 +56,8 @@ import bench  # noqa: E402  (its workloads and data: the same as bench.py's)
 
 import engine.simulation as sim  # noqa: E402
 from engine.config import load_config  # noqa: E402
-from engine.phases import PhaseTimer  # noqa: E402
 from engine.results import RoundWriter  # noqa: E402
+from engine.telemetry.phases import PhaseTimer  # noqa: E402
 
 DRIVER_PHASES = [
     "begin_round",

@@ -152,9 +152,9 @@ def measure(cmd: list[str], interval: float) -> tuple[dict[int, dict], float, in
 def data_bytes(run_args: list[str]) -> int:
     """nbytes of the example arrays the run's config builds (built here, after the run)."""
     sys.path.insert(0, str(REPO))
-    from engine import rng as rngs
     from engine.config import load_config
     from engine.data import build_dataset
+    from engine.privacy import rng as rngs
 
     sets = [run_args[i + 1] for i, a in enumerate(run_args) if a == "--set"]
     cfg = load_config(overrides=sets)

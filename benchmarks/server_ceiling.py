@@ -5,7 +5,7 @@ Usage::
     python benchmarks/server_ceiling.py [--dims 2000000 11000000] [--workers 1 8 64]
         [--rounds 3]
 
-For each model size d and number k of client workers, a real :class:`engine.server.Server`
+For each model size d and number k of client workers, a real :class:`engine.federated.server.Server`
 (DP-FedAvg, Poisson sampling, z = 1, C = 1, the ``cnn`` (2.16M parameters) or
 ``resnet18_gn`` (11.2M) model nearest to d) runs rounds on k ready-made float64 partial
 sums of d coordinates each (one buffer passed k times: each is read from memory, as k
@@ -36,10 +36,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from engine.client import PartialSum  # noqa: E402
 from engine.config import load_config  # noqa: E402
 from engine.data.federated import FederatedDataset  # noqa: E402
-from engine.server import Server  # noqa: E402
+from engine.federated.client import PartialSum  # noqa: E402
+from engine.federated.server import Server  # noqa: E402
 from engine.simulation import make_executor, prepare  # noqa: E402
 
 

@@ -28,7 +28,7 @@ times per repeat:
 
   Actor start is then split further with two probe actors started the same way (one
   fresh Ray worker process each): an empty actor (Ray's process start and actor
-  creation), and one that imports ``torch`` and then ``engine.client`` and reports both
+  creation), and one that imports ``torch`` and then ``engine.federated.client`` and reports both
   import times from inside the process.
 
 (b) Evaluation on k workers (target: ≥ 0.8·k × the plain loop's examples/s). A
@@ -36,12 +36,12 @@ times per repeat:
 examples) is evaluated
 
 * by a plain single-thread torch loop in this process (``torch.set_num_threads(1)``,
-  contiguous tensors, batches of 2048, the sums ``engine.evaluation.evaluate_sums``
+  contiguous tensors, batches of 2048, the sums ``engine.federated.evaluation.evaluate_sums``
   computes: correct count and summed cross-entropy);
 * through the Ray executor's evaluation path for k = 1, 2 workers (1 CPU each):
   ``RayWorkerPool.evaluate(pool.current_weights(), plan.test_slices)`` — exactly what
-  ``engine.executors.play_round`` calls on an evaluation round (the slices are
-  ``engine.evaluation.eval_slices``), the weights coming from the server.
+  ``engine.runtime.executors.play_round`` calls on an evaluation round (the slices are
+  ``engine.federated.evaluation.eval_slices``), the weights coming from the server.
 
 Each figure is the median of ``--repeats`` timed calls after one warm-up call. Also
 printed: the overhead of one evaluation call on an empty slice (Ray round trip, the
@@ -77,9 +77,9 @@ for p in (REPO_ROOT, BENCH_DIR):
 
 from bench import WORKLOADS, load_average, make_template_data, start_local_ray  # noqa: E402
 
-from engine import rng as rngs  # noqa: E402
 from engine.config import load_config  # noqa: E402
 from engine.models import build_model  # noqa: E402
+from engine.privacy import rng as rngs  # noqa: E402
 from engine.simulation import make_executor, prepare, simulate  # noqa: E402
 
 FIRST_ROUND_TARGET_S = 3.0
@@ -153,7 +153,7 @@ def time_steps(overrides: list[str], run_name: str) -> dict[str, Any]:
 
 
 def probe_actor_start() -> dict[str, float]:
-    """Start an empty actor, then one importing torch and engine.client (1 CPU each,
+    """Start an empty actor, then one importing torch and engine.federated.client (1 CPU each,
     as a client worker is declared); wall times and in-process import times."""
     import ray
 
@@ -172,7 +172,7 @@ def probe_actor_start() -> dict[str, float]:
 
             self.torch_s = _time.perf_counter() - t
             t = _time.perf_counter()
-            import engine.client  # noqa: F401
+            import engine.federated.client  # noqa: F401
 
             self.engine_s = _time.perf_counter() - t
 
@@ -202,7 +202,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
-import engine.client, engine.server, engine.simulation
+import engine.federated.client, engine.federated.server, engine.simulation
 t2 = time.perf_counter()
 from engine.config import load_config
 from engine.simulation import make_executor, prepare
@@ -276,7 +276,7 @@ def eval_dataset(size: int):
 
 def run_eval(size: int, workers_list: list[int], repeats: int) -> dict[str, Any]:
     """Plain loop vs RayWorkerPool.evaluate on k workers; examples/s and ratios."""
-    from engine.evaluation import combine_sums
+    from engine.federated.evaluation import combine_sums
 
     ds = eval_dataset(size)
     n = len(ds.y_test)
@@ -430,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         probe["load"] = load_average()
         print(
             f"  actor-start probe: empty actor {probe['empty_actor_s']:.2f} s; actor importing "
-            f"torch + engine.client {probe['importer_actor_s']:.2f} s (inside it: import torch "
-            f"{probe['import_torch_s']:.2f} s, import engine.client "
+            f"torch + engine.federated.client "
+            f"{probe['importer_actor_s']:.2f} s (inside it: import torch "
+            f"{probe['import_torch_s']:.2f} s, import engine.federated.client "
             f"{probe['import_engine_client_s']:.2f} s)  [load {probe['load']}]",
             flush=True,
         )

@@ -92,9 +92,9 @@ def experiment_config(overrides: list[str]):
 def trial_config(base: dict, index: int):
     """Trial ``index``'s config, as ``tuning.trial.make_trainable``'s trainable builds it
     under random search, plus its data set; the run seed is the trial's seed."""
-    from engine import rng as rngs
     from engine.config import config_from_dict, replace, with_algorithm
     from engine.data import build_dataset
+    from engine.privacy import rng as rngs
     from tuning.spaces import sample, space_for
     from tuning.trial import TUNE_STREAM, trial_seed
 

@@ -16,7 +16,7 @@
 * :func:`dashboard_get` reads the dashboard's HTTP API (``/api/v0/actors``,
   ``/api/jobs/``) with Ray's authentication token when the cluster requires one.
 
-The metrics themselves (what dpfl exports per round) are :mod:`engine.metrics`; they
+The metrics themselves (what dpfl exports per round) are :mod:`engine.telemetry.metrics`; they
 carry only the accountant's ε and public test accuracy, plus operator diagnostics whose
 names end in ``_nonprivate``. Watching them releases nothing beyond what the run's own
 Parquet rows hold.
@@ -309,7 +309,8 @@ class LocalRayHead:
         self.stop()
 
 
-#: Grafana units of dpfl's series (:data:`engine.metrics.DESCRIPTIONS` says them in words).
+#: Grafana units of dpfl's series (:data:`engine.telemetry.metrics.DESCRIPTIONS` says
+#: them in words).
 _GRAFANA_UNITS = {
     "rounds_completed": "none",
     "epsilon_spent": "none",
@@ -327,7 +328,7 @@ def grafana_dashboard() -> dict[str, Any]:
     per dpfl series, filtered by ``run`` and ``algorithm``, one line per (run, trial).
     Shipped as ``cluster/grafana/dpfl_grafana_dashboard.json`` (a test keeps the file
     equal to this); untested against a Grafana, which these machines do not have."""
-    from engine.metrics import DESCRIPTIONS
+    from engine.telemetry.metrics import DESCRIPTIONS
 
     def variable(name: str, label: str, query: str, all_value: str) -> dict[str, Any]:
         return {

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def monitoring_run_label(out: Path) -> str:
-    from engine.metrics import run_label
+    from engine.telemetry.metrics import run_label
 
     return run_label(out)
 

@@ -16,10 +16,10 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
-from engine import rng as rngs
-from engine.local_training import client_batches
+from engine.federated.local_training import client_batches
+from engine.federated.server import sample_cohort
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec
-from engine.server import sample_cohort
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks" / "bench.py"
@@ -77,7 +77,7 @@ def test_reimplemented_streams_match_the_engine() -> None:
     for rnd in range(5):
         assert np.array_equal(bench.poisson_cohort(300, 0.1, 3, rnd), sample_cohort(spec, 3, rnd))
     # Minibatch order: the engine's client_batches (indices sorted within a batch, as
-    # engine.worker_model.batch_to_tensors does) on a stub holding only what it reads.
+    # engine.federated.worker_model.batch_to_tensors does) on a stub holding only what it reads.
     idx = np.arange(100, 123, dtype=np.int64)
     stub = SimpleNamespace(client_train={5: idx})
     engine_batches = [np.sort(b) for b in client_batches(stub, 3, 4, 2, 5, None, 2)]
@@ -342,9 +342,9 @@ def test_w1_files_are_read_by_the_engine(tmp_path: Path) -> None:
     holds 34-35 examples (all trained on) and the test set has the asked size."""
     import dataclasses
 
-    from engine import rng as rngs
     from engine.config import load_config
     from engine.data import build_dataset
+    from engine.privacy import rng as rngs
 
     bench = _load_bench()
     w = dataclasses.replace(bench.W1, num_clients=20, test_size=30)

@@ -1,5 +1,9 @@
-"""No import cycles between dpfl's modules (lazy imports inside functions included;
-imports under ``if TYPE_CHECKING:`` excluded, as they never run)."""
+"""No import cycles between dpfl's modules, nor between its rooms (lazy imports inside
+functions included; imports under ``if TYPE_CHECKING:`` excluded, as they never run).
+
+A room is a package by concept (docs/architecture.md): ``algorithms``, ``tuning``,
+``cluster``, and each of ``engine``'s subpackages or top-level modules
+(``engine.cli``, ``engine.config``, ``engine.privacy``, ``engine.models``, ...)."""
 
 from __future__ import annotations
 
@@ -88,5 +92,42 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_dpfl_has_no_import_cycles() -> None:
     edges = import_graph()
-    assert "cluster.submit" in edges and "engine.cli_parser" in edges["cluster.submit"]
+    assert "engine.cli.submit" in edges and "engine.cli.parser" in edges["engine.cli.submit"]
     assert cycles(edges) == []
+
+
+def room(module: str) -> str:
+    """The room of a dpfl module: ``engine.X`` for anything in engine's subpackage or
+    module X, the top-level package otherwise (``engine`` itself is its own room)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "engine" and len(parts) > 1 else parts[0]
+
+
+def room_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Room -> the other rooms its modules import."""
+    out: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        out.setdefault(room(a), set())
+        out[room(a)] |= {room(b) for b in bs if room(b) != room(a)}
+    return out
+
+
+def test_room_graph_finds_a_room_cycle() -> None:
+    edges = {"engine.cli.a": {"tuning.x"}, "tuning.x": {"engine.cli.b"}, "engine.cli.b": set()}
+    assert cycles(room_graph(edges)) == [["engine.cli", "tuning"]]
+
+
+def test_dpfl_rooms_have_no_cycles() -> None:
+    """The rooms form a DAG: the command line on top, privacy/data/telemetry below."""
+    rooms = room_graph(import_graph())
+    assert {"engine.cli", "engine.config", "engine.privacy", "engine.federated"} <= set(rooms)
+    assert cycles(rooms) == []
+
+
+def test_every_room_says_its_role() -> None:
+    """Each room's package ``__init__`` (or module) opens with a role docstring."""
+    for pkg in sorted({room(m) for m in _modules()}):
+        path = ROOT / Path(*pkg.split("."))
+        init = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc.split()) >= 8 and doc != "TODO", f"{init}: no role docstring"

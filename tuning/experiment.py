@@ -39,8 +39,8 @@ from engine.config import (
     replace,
     with_algorithm,
 )
-from engine.executors import ensure_ray
 from engine.results import write_json
+from engine.runtime.executors import ensure_ray
 from tuning import selection
 from tuning.spaces import space_for, to_tune
 from tuning.sweep_folder import (
@@ -87,7 +87,7 @@ RUNNER_FILE = "runner.txt"
 def trial_executor(choice: str, ray_cfg) -> str:
     """The executor a trial uses (see :data:`TRIAL_EXECUTORS`); ConfigError naming
     ``tune.trial_executor`` for another value. Both executors give bit-identical
-    results (``engine.executors``), so the choice is only about speed:
+    results (``engine.runtime.executors``), so the choice is only about speed:
     ``benchmarks/tune_overhead.py`` measured a sweep of 32 smoke trials (1 worker) in
     4.8-5.3 s under ``auto`` (330 s with actor trials, at load 4-8, before trial processes
     were reused)."""
@@ -228,7 +228,7 @@ def trial_counts(
     import json
     import zlib
 
-    from engine import rng as rngs
+    from engine.privacy import rng as rngs
 
     names = [experiment_name(a, e) for a in algorithms for e in epsilons]
     if not selection.is_papernot_steinke(mode):
@@ -317,7 +317,7 @@ def pack_trials_per_gpu(config: RunConfig, trials_per_gpu: Any, cluster_gpus: fl
     group asks for 1/``trials_per_gpu`` GPU in all and that many trials run side by
     side on each GPU. Ray's fractional GPUs are scheduling labels, not memory limits:
     vectorised groups are sized from the worker's share of the card
-    (:mod:`engine.resources`), and ``tune.trials_per_gpu: 1`` gives every trial a whole
+    (:mod:`engine.runtime.resources`), and ``tune.trials_per_gpu: 1`` gives every trial a whole
     GPU. Only where trials run changes (float rounding on a GPU), never what they compute.
     """
     if isinstance(trials_per_gpu, bool) or not isinstance(trials_per_gpu, int):

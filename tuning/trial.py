@@ -13,7 +13,7 @@ bit-identical on a GPU, and two releases of one round with different noise would
 more than one round's ε).
 
 Independent trials: trial k of (algorithm, ε) runs with its own seed,
-:func:`trial_seed` (``engine.rng`` stream ``TRIAL_SEED`` keyed by the experiment seed,
+:func:`trial_seed` (``engine.privacy.rng`` stream ``TRIAL_SEED`` keyed by the experiment seed,
 algorithm, ε and k), recorded as ``trial_seed`` in its rows. Cohorts, noise, model
 initialisation and minibatch order therefore differ between trials (two trials with
 one seed would share their noise, and the difference of their models would be
@@ -270,9 +270,9 @@ def compact_cell(out: str | Path, algorithm: str, epsilon: float) -> int:
 
 
 def trial_seed(experiment_seed: int, algorithm: str, epsilon: float, index: int) -> int:
-    """The run seed of trial ``index`` of (algorithm, ε): an ``engine.rng`` stream of its
+    """The run seed of trial ``index`` of (algorithm, ε): an ``engine.privacy.rng`` stream of its
     own, so no two trials share noise or cohorts (and none shares the experiment's)."""
-    from engine import rng as rngs
+    from engine.privacy import rng as rngs
 
     key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
     return rngs.derive_seed(experiment_seed, rngs.TRIAL_SEED, key, int(index))
@@ -355,9 +355,9 @@ def trial_body(
         trial_name: str,
         report: Callable[[dict[str, Any]], None],
     ) -> None:
-        from engine import rng as rngs
         from engine.config import replace, with_algorithm
         from engine.data import build_dataset
+        from engine.privacy import rng as rngs
         from engine.simulation import sampling_spec, simulate
 
         hps = dict(params)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.privacy.mechanisms import gaussian_noise
-from engine.rng import SecureRandom
+from engine.privacy.rng import SecureRandom
 
 
 class AdaptiveClipError(ValueError):

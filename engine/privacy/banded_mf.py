@@ -191,7 +191,7 @@ def group_cohort(seed: int, rnd: int, num_clients: int, cohort_size: int, bands:
     seed (stream (SAMPLING, 0, 2)), are dealt into b groups; round t draws from group
     t mod b only, the next m clients of that group in a cycle. A client is therefore in
     at most one of any b consecutive rounds. Needs m ≤ ⌊N/b⌋."""
-    from engine import rng as rngs
+    from engine.privacy import rng as rngs
 
     if not 1 <= cohort_size <= num_clients // bands:
         raise ValueError(

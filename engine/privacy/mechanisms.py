@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.rng import SecureRandom
+from engine.privacy.rng import SecureRandom
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def gaussian_noise(
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """``size`` i.i.d. N(0, std²) draws from ``generator`` (never the global RNG): a
-    seeded stream (simulation) or :class:`engine.rng.SecureRandom` (release mode: OS
+    seeded stream (simulation) or :class:`engine.privacy.rng.SecureRandom` (release mode: OS
     entropy, nothing recorded; see its docstring for the floating-point caveat)."""
     if std < 0 or not math.isfinite(std):
         raise ValueError(f"noise std={std} must be finite and >= 0")

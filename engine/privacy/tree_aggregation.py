@@ -79,7 +79,7 @@ def epoch_cohort(seed: int, rnd: int, num_clients: int, cohort_size: int) -> np.
     e = rnd // R is a permutation of the clients from the seed (stream key
     (SAMPLING, e, 1), distinct from the per-round sampling streams), cut into R
     consecutive blocks of m; round ``rnd`` takes block ``rnd % R``."""
-    from engine import rng as rngs
+    from engine.privacy import rng as rngs
 
     per_epoch = rounds_per_epoch(num_clients, cohort_size)
     epoch, pos = divmod(int(rnd), per_epoch)

@@ -145,7 +145,7 @@ def test_tune_space_of_a_composed_recipe_comes_from_its_pieces() -> None:
 def test_compare_rows_of_built_in_recipes_drop_the_configs_composed_recipe(tmp_path) -> None:
     """One config (algorithm: custom + recipe:) compared with built-in recipes: the
     recipe section travels with the custom row only, so every row's config is valid."""
-    from engine.compare import plan
+    from engine.simulation.compare import plan
 
     config = load_config(overrides=[*TINY, "algorithm=custom", "recipe.step=sam"])
     runs = plan(config, ["dp_fedavg", "custom", "fedsam"], tmp_path)

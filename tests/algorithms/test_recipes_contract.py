@@ -69,8 +69,8 @@ def test_one_round_without_noise_runs(name: str) -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_personal_parameters_never_reach_the_server(name: str, monkeypatch) -> None:
-    from engine import server as server_mod
-    from engine.worker_model import personal_mask
+    from engine.federated import server as server_mod
+    from engine.federated.worker_model import personal_mask
 
     seen: list[np.ndarray] = []
     original = server_mod.Server.finish_round
@@ -84,8 +84,8 @@ def test_personal_parameters_never_reach_the_server(name: str, monkeypatch) -> N
     pipe = build_pipeline(name, AlgoConfig(), 0.5, 1.0)
     if pipe.personal is None:
         return
-    from engine import rng as rngs
     from engine.models import build_model
+    from engine.privacy import rng as rngs
 
     model = build_model("mlp", (10,), 10, rngs.torch_gen(0, rngs.MODEL_INIT))
     head = personal_mask(model, pipe.personal.layers).numpy()
@@ -98,7 +98,7 @@ def test_personal_parameters_never_reach_the_server(name: str, monkeypatch) -> N
 
 
 def test_noise_only_on_the_public_randk_mask() -> None:
-    from engine import rng as rngs
+    from engine.privacy import rng as rngs
 
     res = run(
         "algorithm=fedsmp_randk",
@@ -189,7 +189,7 @@ def test_client_state_persists_and_disk_equals_memory(tmp_path) -> None:
 
 
 def test_client_state_snapshot_round_trips() -> None:
-    from engine.client_state import ClientStateStore
+    from engine.federated.client_state import ClientStateStore
 
     store = ClientStateStore()
     store.put(3, torch.arange(4.0))

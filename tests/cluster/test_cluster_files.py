@@ -12,8 +12,8 @@ import pytest
 import ray
 import yaml
 
-from cluster.submit import prepare_entrypoint, validate_dpfl_args
 from engine.cli import build_parser
+from engine.cli.submit import prepare_entrypoint, validate_dpfl_args
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "cluster"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from cluster.monitoring import GRAFANA_DASHBOARD, grafana_dashboard
-from engine.metrics import DESCRIPTIONS
+from engine.telemetry.metrics import DESCRIPTIONS
 
 
 def test_shipped_file_equals_the_rendering() -> None:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from cluster.submit import (
+from engine.cli import main
+from engine.cli.submit import (
     DEFAULT_ADDRESS,
     follow,
     prepare_entrypoint,
     resolve_address,
     runtime_env,
 )
-from engine.cli import main
 from engine.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -72,9 +72,9 @@ def test_on_demand_shards_are_sticky_without_drawing_every_size(monkeypatch):
     """client_costs would draw all N sizes (O(N) once per run): an on-demand population
     gets None (count-balanced, sticky shards); a materialised one keeps its costs."""
     from algorithms import build_pipeline
-    from engine.client import LocalSpec, client_costs
     from engine.config import AlgoConfig
     from engine.data.on_demand import OnDemandClientIndex
+    from engine.federated.client import LocalSpec, client_costs
 
     spec = LocalSpec(
         seed=0, model_name="logreg", epochs=2, batch_size=10, lr=0.1, lr_decay=1.0,

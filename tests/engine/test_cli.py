@@ -209,7 +209,7 @@ def test_config_prints_every_key_with_a_comment_and_loads_back(capsys) -> None:
     import yaml
 
     from engine.config import RunConfig, config_from_dict
-    from engine.config_doc import config_keys
+    from engine.config.doc import config_keys
 
     assert main(["config"]) == 0
     text = capsys.readouterr().out
@@ -234,7 +234,7 @@ def test_config_prints_every_key_with_a_comment_and_loads_back(capsys) -> None:
 
 
 def test_run_help_lists_the_config_keys(capsys) -> None:
-    from engine.config_doc import config_keys
+    from engine.config.doc import config_keys
 
     with pytest.raises(SystemExit):
         main(["run", "--help"])

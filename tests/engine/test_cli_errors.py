@@ -211,14 +211,14 @@ def test_optuna_missing_fails_before_ray_and_folders(workdir, capsys, monkeypatc
         "find_spec",
         lambda name, *a: None if name == "optuna" else real(name, *a),
     )
-    import engine.executors
+    import engine.runtime.executors
 
     def no_ray(*a, **k):  # the check must come before Ray is started or attached
         raise AssertionError("ensure_ray called before the --search check")
 
     import tuning.experiment
 
-    monkeypatch.setattr(engine.executors, "ensure_ray", no_ray)
+    monkeypatch.setattr(engine.runtime.executors, "ensure_ray", no_ray)
     monkeypatch.setattr(tuning.experiment, "ensure_ray", no_ray)
     was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     before = _tree(workdir)

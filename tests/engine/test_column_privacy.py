@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from engine.config import load_config
-from engine.metrics import round_metrics
 from engine.simulation import simulate
+from engine.telemetry.metrics import round_metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

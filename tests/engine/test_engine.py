@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from engine import rng as rngs
-from engine.client import ClientWorker
 from engine.config import load_config
+from engine.federated.client import ClientWorker
+from engine.federated.worker_model import flatten_params, load_flat_
 from engine.models import build_model
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec, compute_epsilon, default_delta
 from engine.simulation import simulate
-from engine.worker_model import flatten_params, load_flat_
 
 REQUIRED = {
     "round",
@@ -150,7 +150,7 @@ def test_nonfinite_update_is_zeroed_and_counted(small_overrides) -> None:
 
 
 def test_crash_leaves_completed_rounds_readable(small_overrides, tmp_path, monkeypatch) -> None:
-    from engine import server as server_mod
+    from engine.federated import server as server_mod
 
     original = server_mod.Server.finish_round
 
@@ -183,7 +183,7 @@ def test_dp_training_learns_on_synthetic() -> None:
     well above chance (10 classes). Synthetic(α, β) clients share no labelling
     function (W_k's common offset u_k cancels in the argmax), so the public test set
     of unseen clients stays near chance and is not what this test measures."""
-    from engine.evaluation import evaluate
+    from engine.federated.evaluation import evaluate
     from engine.simulation import prepare
 
     cfg = load_config(
@@ -240,9 +240,9 @@ def test_resume_from_checkpoint_is_bit_identical(small_overrides, algorithm) -> 
     "momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-2), (0.5, 5e-3)]
 )
 def test_local_sgd_is_torch_sgd_bit_for_bit(momentum: float, weight_decay: float) -> None:
-    """The workers' optimizer (engine.client.LocalSGD, which avoids torch.optim's
+    """The workers' optimizer (engine.federated.client.LocalSGD, which avoids torch.optim's
     import of torch._dynamo) must step exactly like torch.optim.SGD."""
-    from engine.local_training import LocalSGD
+    from engine.federated.local_training import LocalSGD
 
     gen = torch.Generator().manual_seed(5)
     ref = build_model("cnn", (1, 8, 8), 3, torch.Generator().manual_seed(1))

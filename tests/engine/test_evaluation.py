@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.config import load_config
-from engine.evaluation import auc_lower_is_member
+from engine.federated.evaluation import auc_lower_is_member
 from engine.simulation import simulate
 
 
@@ -49,7 +49,7 @@ def test_sliced_evaluation_adds_up_to_whole() -> None:
     import numpy as np
     import torch
 
-    from engine.evaluation import combine_sums, eval_slices, evaluate, evaluate_sums
+    from engine.federated.evaluation import combine_sums, eval_slices, evaluate, evaluate_sums
     from engine.models import build_model
 
     rng = np.random.default_rng(0)

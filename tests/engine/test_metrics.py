@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.metrics import RunMetrics, round_metrics
+from engine.telemetry.metrics import RunMetrics, round_metrics
 
 
 def test_round_metrics_values() -> None:

@@ -165,7 +165,7 @@ def _ray(**kw) -> RayConfig:
 
 
 def test_local_fit_says_what_fits() -> None:
-    from engine.resources import check_local_fit
+    from engine.runtime.resources import check_local_fit
 
     check_local_fit(_ray(num_workers=2), cores=2)  # the default
     check_local_fit(_ray(num_workers=3), extra_cpus=0.5, cores=2)  # 3.5 <= 2 x 2
@@ -185,7 +185,7 @@ def test_local_fit_says_what_fits() -> None:
 
 
 def test_a_running_ray_is_not_given_unbounded_processes() -> None:
-    from engine.resources import check_processes
+    from engine.runtime.resources import check_processes
 
     check_processes(_ray(num_workers=4, num_cpus_per_worker=0.01), cluster_cpus=2)
     with pytest.raises(ConfigError, match=r"ray\.num_workers=5: .* at most 4 worker processes"):
@@ -195,7 +195,7 @@ def test_a_running_ray_is_not_given_unbounded_processes() -> None:
 def test_ensure_ray_refuses_before_starting_ray(monkeypatch) -> None:
     import ray
 
-    from engine import executors
+    from engine.runtime import executors
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
 
@@ -214,7 +214,7 @@ def test_ensure_ray_refuses_before_starting_ray(monkeypatch) -> None:
 def test_dashboard_line_only_without_q(monkeypatch, capsys, quiet) -> None:
     import ray
 
-    from engine import executors
+    from engine.runtime import executors
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
     monkeypatch.setattr(ray, "init", lambda **_: SimpleNamespace(dashboard_url="127.0.0.1:8265"))
@@ -229,7 +229,7 @@ def test_dashboard_line_only_without_q(monkeypatch, capsys, quiet) -> None:
 
 def test_q_sets_the_quiet_switch_only_while_the_command_runs(monkeypatch) -> None:
     import engine.cli as cli
-    from engine.executors import QUIET_ENV
+    from engine.runtime.executors import QUIET_ENV
 
     monkeypatch.delenv(QUIET_ENV, raising=False)
     seen = {}

@@ -14,12 +14,12 @@ import torch
 
 from algorithms.pieces.smoothing import laplacian_smooth, smooth_flat
 from algorithms.recipes import build_pipeline, resolved_hyperparameters
-from engine.client import ClientWorker, LocalSpec
 from engine.config import AlgoConfig, ConfigError, load_config
 from engine.data.federated import FederatedDataset
+from engine.federated.client import ClientWorker, LocalSpec
+from engine.federated.worker_model import flatten_params, init_process_model
 from engine.models import build_model
 from engine.simulation import simulate
-from engine.worker_model import flatten_params, init_process_model
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,10 @@ import pytest
 
 from algorithms.catalog import CATALOG
 from algorithms.recipes import build_pipeline
-from engine import rng as rngs
 from engine.config import HELD_OUT_FRACTION, config_from_dict, load_config
+from engine.federated.server import sample_cohort
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec
-from engine.server import sample_cohort
 
 
 @pytest.mark.parametrize("algorithm", sorted(CATALOG))

@@ -10,7 +10,7 @@ import pytest
 
 from engine.cli import main
 from engine.config import ConfigError, load_config
-from engine.presets import read_preset
+from engine.config.presets import read_preset
 from engine.privacy.accounting import compute_epsilon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def test_every_paper_has_a_preset_with_a_checkable_verdict() -> None:
     through variants of one recipe: its claim compares local-step settings); every
     verdict rule names rows of its own table and columns that compare writes."""
     from algorithms.catalog import CATALOG, PAPERS
-    from engine.compare import METRICS
+    from engine.simulation.compare import METRICS
 
     covered: set[str] = set()
     for path in PRESETS:
@@ -47,7 +47,7 @@ def test_every_paper_has_a_preset_with_a_checkable_verdict() -> None:
 def test_fedavg_preset_rows_are_one_recipe_with_the_papers_local_work(tmp_path) -> None:
     """FedSGD and FedAvg(E = 5, B = 10) are rows of one recipe: each row's config
     differs from the scale's only by its variant's keys, and runs in its own folder."""
-    from engine.compare import plan
+    from engine.simulation.compare import plan
 
     preset = read_preset(ROOT / "experiments" / "fedavg_mnist_cnn.yaml")
     base = load_config(None, [], base=preset.tree("cpu"))
@@ -66,7 +66,7 @@ def test_fedavg_preset_rows_are_one_recipe_with_the_papers_local_work(tmp_path) 
 
 
 def test_preset_variants_are_checked_and_listed_by_their_row_names(tmp_path) -> None:
-    from engine.compare import parse_algorithms
+    from engine.simulation.compare import parse_algorithms
 
     head = "preset: {paper: a, table: b, claim: c, epsilons: [], scales: {cpu: {}}, "
     p = tmp_path / "x.yaml"
@@ -118,7 +118,7 @@ def test_every_preset_builds_a_valid_config_at_both_scales(path: Path) -> None:
         cfg = load_config(None, [], base=preset.tree(scale))
         assert cfg.dataset.name == ("digits" if scale == "cpu" else cfg.dataset.name)
         assert cfg.dataset.name != "digits" or scale == "cpu"  # paper scale: the paper's data
-        from engine.compare import plan
+        from engine.simulation.compare import plan
 
         runs = plan(cfg, list(preset.algorithms), Path("unused"), None, [], preset.variants)
         assert [r.config.algorithm for r in runs] == [preset.recipe(a) for a in preset.algorithms]
@@ -211,7 +211,7 @@ eval: {every: 2}
 
 
 def test_dpfl_submit_validates_a_preset_compare_before_submitting(tmp_path) -> None:
-    from cluster.submit import validate_dpfl_args
+    from engine.cli.submit import validate_dpfl_args
 
     preset = "experiments/dp_fed_ls_mnist_logreg.yaml"
     ns = validate_dpfl_args(
@@ -227,7 +227,7 @@ def test_dpfl_submit_validates_a_preset_compare_before_submitting(tmp_path) -> N
 
 
 def test_compare_epsilons_plan_clears_sigma_and_nests_folders(tmp_path) -> None:
-    from engine.compare import plan
+    from engine.simulation.compare import plan
 
     cfg = load_config(overrides=["privacy.noise_multiplier=2", "privacy.epsilon=null"])
     configs = [r.config for r in plan(cfg, ["dp_fedavg", "fedavg"], tmp_path, [0, 1], [1.0, 4.0])]
@@ -241,7 +241,7 @@ def test_compare_epsilons_plan_clears_sigma_and_nests_folders(tmp_path) -> None:
 
 
 def test_paper_table_cells_are_mean_and_sample_std_per_algorithm_and_epsilon() -> None:
-    from engine.compare import format_paper_table, summarize
+    from engine.simulation.compare import format_paper_table, summarize
 
     rows = pd.DataFrame(
         {
@@ -270,7 +270,7 @@ def test_paper_table_cells_are_mean_and_sample_std_per_algorithm_and_epsilon() -
 
 
 def test_paper_table_shows_the_canary_audit_beside_the_accountants_epsilon() -> None:
-    from engine.compare import format_paper_table, summarize
+    from engine.simulation.compare import format_paper_table, summarize
 
     rows = pd.DataFrame(
         {

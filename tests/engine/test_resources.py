@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.resources import GpuMeasurement, measure_worker_gpu, workers_per_gpu
+from engine.runtime.resources import GpuMeasurement, measure_worker_gpu, workers_per_gpu
 
 GiB = 2**30
 
@@ -60,7 +60,7 @@ def test_worker_device_follows_the_gpu_ray_assigned() -> None:
     and the GPU ids, never a silent CPU fallback."""
     import torch
 
-    from engine.worker_model import resolve_worker_device
+    from engine.federated.worker_model import resolve_worker_device
 
     assert resolve_worker_device("auto", gpu_ids=[]) == torch.device("cpu")
     assert resolve_worker_device("cpu", gpu_ids=[0]) == torch.device("cpu")
@@ -91,7 +91,7 @@ def test_vectorised_groups_are_sized_for_the_workers_gpu_share(monkeypatch) -> N
     the whole card's free memory."""
     import torch
 
-    from engine.vectorized import _available_bytes
+    from engine.federated.vectorized import _available_bytes
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GiB, 16 * GiB))
     cuda = torch.device("cuda", 0)
@@ -164,7 +164,7 @@ def test_default_gpu_share_spreads_workers_only_over_usable_gpus(ray_session, mo
     import torch
 
     from engine.config import load_config
-    from engine.resources import default_gpu_share, plan_gpu_share
+    from engine.runtime.resources import default_gpu_share, plan_gpu_share
 
     assert ray_session.cluster_resources().get("GPU", 0) == 1
     cfg = load_config(overrides=["ray.num_workers=2"]).ray

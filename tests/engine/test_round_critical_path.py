@@ -4,7 +4,7 @@
   noise ``finish_round`` draws itself, and is used once, for its own round only;
 * the chunked float64 scale-and-cast of clipping and the chunked float64 accumulation
   of a worker's partial sum equal the one-shot tensor expressions they replace;
-* a :class:`engine.phases.PhaseTimer` installed on an executor records phases and
+* a :class:`engine.telemetry.phases.PhaseTimer` installed on an executor records phases and
   changes no result.
 """
 
@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from engine.config import load_config
-from engine.phases import OFF, PhaseTimer, timed
 from engine.privacy import mechanisms
 from engine.privacy.mechanisms import add_float64_, clip_update, privatize_sum, server_noise
-from engine.rng import torch_gen
+from engine.privacy.rng import torch_gen
 from engine.simulation import make_executor, prepare
+from engine.telemetry.phases import OFF, PhaseTimer, timed
 
 
 def bits(t: torch.Tensor) -> np.ndarray:

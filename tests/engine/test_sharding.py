@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from algorithms import build_pipeline
-from engine.client import LocalSpec, client_costs, shard_cohort
 from engine.config import AlgoConfig
 from engine.data.federated import FederatedDataset
+from engine.federated.client import LocalSpec, client_costs, shard_cohort
 
 
 def spec(algorithm: str = "dp_fedavg", steps: int | None = None) -> LocalSpec:

@@ -1,4 +1,5 @@
-"""Start-up costs: engine.timeline marks only when asked; a run imports only what it uses."""
+"""Start-up costs: engine.telemetry.timeline marks only when asked; a run imports only
+what it uses."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import timeline
+from engine.telemetry import timeline
 
 
 def test_marks_are_written_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Vectorised client groups (engine.vectorized) equal one-by-one training.
+"""Vectorised client groups (engine.federated.vectorized) equal one-by-one training.
 
 Each test trains the same shard with ``clients_per_batch=1`` (``OneByOneTrainer.train_client`` per
 client, the reference) and with groups of 4 (divides the 12-client shard) and 5
@@ -26,9 +26,9 @@ import pytest
 import torch
 
 from algorithms import build_pipeline
-from engine.client import ClientWorker, LocalSpec, PartialSum
 from engine.config import AlgoConfig, load_config
 from engine.data.federated import FederatedDataset
+from engine.federated.client import ClientWorker, LocalSpec, PartialSum
 from engine.simulation import simulate
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -217,7 +217,7 @@ def test_personal_heads_fall_back_to_one_by_one_exactly() -> None:
 
 
 def test_failed_probe_falls_back_to_one_by_one(monkeypatch) -> None:
-    import engine.vectorized as vz
+    import engine.federated.vectorized as vz
 
     calls = []
 
@@ -236,7 +236,7 @@ def test_failed_probe_falls_back_to_one_by_one(monkeypatch) -> None:
 
 
 def test_automatic_group_size(monkeypatch) -> None:
-    import engine.vectorized as vz
+    import engine.federated.vectorized as vz
 
     # cnn (189k parameters here) measured slower vectorised on the CPU: one by one,
     # decided without a probe.
@@ -369,7 +369,7 @@ def test_auto_memory_format_leaves_models_without_convolutions_contiguous() -> N
 def test_gpu_groups_of_a_conv_model_match_one_by_one(algorithm) -> None:
     """On a GPU the probe accepts the conv model and groups match one-by-one training.
 
-    Before TF32 was switched off in GPU workers (engine.client.configure_cuda_numerics)
+    Before TF32 was switched off in GPU workers (engine.federated.client.configure_cuda_numerics)
     every conv model failed the probe on the GPU and trained one client at a time.
     GPU kernels (cuDNN's algorithms, grouped convolutions) round differently from one
     another, so the tolerance is on the relative norm of the summed clipped update:

@@ -9,7 +9,7 @@ existing tests use, so code can move inside the packages with few changes here.
 Each case is a list of ``--set`` overrides in two parts:
 
 * ``pins``: every key whose default shapes a run's mathematics, written out with its
-  default *as of commit 1f4e86f* (``engine/config.py`` then; δ = min(N^-1.1, 0.01/N) and
+  default *as of commit 1f4e86f* (``engine/config/`` then; δ = min(N^-1.1, 0.01/N) and
   the accountant as resolved for the case; each recipe's ``algo.*`` defaults as
   ``resolved_hyperparameters`` gave them). A later change of a default (issue 28:
   ``dataset.client_test_fraction``, ``dataset.normalize``, δ, initialisation) therefore

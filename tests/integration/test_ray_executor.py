@@ -60,7 +60,7 @@ def test_worker_count_changes_only_float_rounding(ray_session, small_overrides) 
 def test_unschedulable_workers_fail_with_clear_error(
     ray_session, small_overrides, monkeypatch
 ) -> None:
-    from engine import executors
+    from engine.runtime import executors
 
     monkeypatch.setattr(executors, "ACTOR_START_TIMEOUT_S", 3.0)
     # 1.8 GPUs on a 1-GPU cluster. The GPU is fake (no CUDA), so the worker that is
@@ -82,7 +82,7 @@ def test_server_placement_follows_ray_server(ray_session, small_overrides) -> No
     """``auto`` keeps the server in the driver on this one-node Ray (no server actor is
     started); ``actor`` starts one; a bad value is refused naming the key."""
     from engine.config import ConfigError
-    from engine.executors import DriverServer, server_in_driver
+    from engine.runtime.executors import DriverServer, server_in_driver
 
     assert server_in_driver("auto") and server_in_driver("driver")
     assert not server_in_driver("actor")

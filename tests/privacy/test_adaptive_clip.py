@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.client import PartialSum
 from engine.config import ConfigError, load_config
+from engine.federated.client import PartialSum
 from engine.privacy.accounting import compute_epsilon
 from engine.privacy.adaptive_clip import (
     AdaptiveClipError,

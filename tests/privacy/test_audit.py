@@ -10,13 +10,13 @@ import pytest
 from scipy import integrate, stats
 
 from algorithms.recipes import RECIPES
-from engine.audit import (
+from engine.config import ConfigError, load_config
+from engine.privacy.audit import (
     gaussian_fit_epsilon,
     gaussian_pair_epsilon,
     hockey_stick,
     threshold_lower_bound,
 )
-from engine.config import ConfigError, load_config
 from engine.simulation import prepare, simulate
 from tests.conftest import SMALL
 
@@ -158,7 +158,7 @@ def test_adaptive_clipping_and_audit_on_every_private_recipe(algorithm):
 
 
 def test_compare_prints_the_audit_beside_the_accountant(tmp_path):
-    from engine.compare import compare, format_table
+    from engine.simulation.compare import compare, format_table
 
     config = load_config(overrides=[*SMALL, "eval.audit_canaries=20", "privacy.epsilon=4"])
     summary = compare(config, ["fedavg", "dp_fedavg"], tmp_path, progress=False)

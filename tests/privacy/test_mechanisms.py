@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from algorithms import build_pipeline
-from engine import rng as rngs
-from engine.client import PartialSum
 from engine.config import AlgoConfig
 from engine.data.federated import FederatedDataset
+from engine.federated.client import PartialSum
+from engine.federated.server import Server, ServerSpec
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec, compute_epsilon
 from engine.privacy.mechanisms import clip_update, gaussian_noise, privatize_sum
-from engine.server import Server, ServerSpec
 
 
 def excess_kurtosis(x: np.ndarray) -> float:

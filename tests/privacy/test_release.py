@@ -191,7 +191,7 @@ def test_secure_runs_differ_seeded_runs_repeat(small_overrides, tmp_path, extra)
 def test_secure_randomness_comes_only_from_os_entropy(monkeypatch, small_overrides) -> None:
     """With os.urandom replaced by a fixed stream two secure runs coincide: the OS
     CSPRNG is the only source of their cohorts and noise, and it is never recorded."""
-    import engine.rng as rngs
+    import engine.privacy.rng as rngs
 
     over = [*small_overrides, "rounds=2", "privacy.noise_multiplier=1.0"]
     over += ["privacy.secure_noise=true"]
@@ -213,9 +213,9 @@ def test_secure_randomness_comes_only_from_os_entropy(monkeypatch, small_overrid
 def test_secure_samplers_have_the_right_distributions() -> None:
     from scipy import stats
 
+    from engine.federated.server import sample_cohort
     from engine.privacy.accounting import SamplingSpec
-    from engine.rng import SecureRandom
-    from engine.server import sample_cohort
+    from engine.privacy.rng import SecureRandom
 
     src = SecureRandom()
     z = src.standard_normal(200_001)

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from engine import rng as rngs
 from engine.config import load_config
+from engine.federated.server import poisson_by_gaps, sample_cohort
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec
-from engine.rng import SecureRandom
-from engine.server import poisson_by_gaps, sample_cohort
+from engine.privacy.rng import SecureRandom
 
 N, Q, ROUNDS = 200, 0.1, 4000
 

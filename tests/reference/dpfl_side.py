@@ -2,7 +2,8 @@
 
 This module (unlike ``common.py`` and ``methods.py``) imports dpfl: it runs
 ``engine.simulation.simulate`` with ``ray.executor=local`` and reads, from the same
-seeded streams dpfl draws from (``engine.rng``, ``engine.server.sample_cohort``), the
+seeded streams dpfl draws from (``engine.privacy.rng``,
+``engine.federated.server.sample_cohort``), the
 cohorts, minibatch orders, noise draws and rand-k masks, to hand them to the reference.
 """
 
@@ -14,12 +15,12 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from engine import rng as rngs
 from engine.config import config_from_dict
 from engine.data.federated import FederatedDataset
-from engine.server import sample_cohort
+from engine.federated.server import sample_cohort
+from engine.federated.worker_model import flatten_params, init_process_model
+from engine.privacy import rng as rngs
 from engine.simulation import prepare, simulate
-from engine.worker_model import flatten_params, init_process_model
 from tests.reference.common import Problem, shapes
 from tests.reference.methods import PRIVATE, Setting
 

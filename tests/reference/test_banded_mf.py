@@ -10,12 +10,12 @@ import math
 import numpy as np
 import torch
 
-from engine import rng as rngs
 from engine.config import config_from_dict
+from engine.federated.server import sample_cohort
+from engine.federated.worker_model import flatten_params, init_process_model
+from engine.privacy import rng as rngs
 from engine.privacy.banded_mf import strategy
-from engine.server import sample_cohort
 from engine.simulation import prepare, simulate
-from engine.worker_model import flatten_params, init_process_model
 from tests.reference.banded_mf import run_dp_bandmf
 from tests.reference.common import make_problem, shapes
 from tests.reference.dpfl_side import SEED, dataset

@@ -236,7 +236,7 @@ def test_dp2_personal_accuracy_is_own_head_on_own_split() -> None:
 
 @pytest.mark.parametrize("case", VECTORISABLE)
 def test_vectorised_groups_equal_reference(case: str) -> None:
-    """Clients trained four at a time as one vectorised computation (engine.vectorized,
+    """Clients trained four at a time as one vectorised computation (engine.federated.vectorized,
     a second implementation of the step rules, BLUR and the ball projection) give the
     reference's model too. DP²-FedSAM is never vectorised (separate head/body phases)."""
     s = dataclasses.replace(CASES[case][0])

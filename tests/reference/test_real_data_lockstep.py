@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine import rng as rngs
 from engine.config import config_from_dict
 from engine.data.federated import FederatedDataset
 from engine.data.torchvision_sources import FASHION_MNIST_ROOT
-from engine.server import sample_cohort
+from engine.federated.server import sample_cohort
+from engine.federated.worker_model import flatten_params, init_process_model
+from engine.privacy import rng as rngs
 from engine.simulation import prepare, simulate
-from engine.worker_model import flatten_params, init_process_model
 from tests.reference.cnn_reference import dp_fedavg_cnn, load_fashion_mnist
 
 pytestmark = [

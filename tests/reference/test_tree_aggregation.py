@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from algorithms.pieces.correlated_noise import TreeAggregationPrivatizer, TreeFTRL
-from engine import rng as rngs
 from engine.config import config_from_dict
+from engine.federated.server import sample_cohort
+from engine.federated.worker_model import flatten_params, init_process_model
+from engine.privacy import rng as rngs
 from engine.privacy.tree_aggregation import OnlineTreeNoise, epoch_cohort
-from engine.server import sample_cohort
 from engine.simulation import prepare, simulate
-from engine.worker_model import flatten_params, init_process_model
 from tests.reference.common import make_problem, shapes
 from tests.reference.dpfl_side import SEED, dataset
 from tests.reference.methods import Setting

@@ -79,7 +79,7 @@ def test_packed_trials_fit_one_fake_gpu(ray_session, executor: str, per_gpu: int
 def test_an_in_process_trial_sizes_its_groups_for_its_share(small_overrides) -> None:
     """A ``local`` trial (the in-process executor in the trial's process) passes its GPU
     share to its worker, so vectorised groups are sized for 1/trials_per_gpu of the card
-    (``engine.vectorized._available_bytes``), not for the whole card."""
+    (``engine.federated.vectorized._available_bytes``), not for the whole card."""
     from engine.simulation import make_executor, prepare
 
     c = cfg(*small_overrides, "ray.executor=local")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import rng as rngs
+from engine.federated.server import sample_cohort
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec
-from engine.server import sample_cohort
 from tuning.trial import trial_index, trial_seed
 
 

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from engine import rng as rngs
+from engine.privacy import rng as rngs
 
 AUDIT_ALPHA = 0.05  # the lower bound holds with confidence 1 − AUDIT_ALPHA
 

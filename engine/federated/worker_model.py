@@ -1,7 +1,8 @@
 """A worker process's model: its device, memory layout and flat parameter vectors.
 
-Shared by the client workers (:mod:`engine.client`, :mod:`engine.local_training`) and
-the server (:mod:`engine.server`): every process builds the run's initial model the
+Shared by the client workers (:mod:`engine.federated.client`,
+:mod:`engine.federated.local_training`) and
+the server (:mod:`engine.federated.server`): every process builds the run's initial model the
 same way (from the (seed, MODEL_INIT) stream, on the CPU, then moved), and moves
 parameters in and out as one flat float32 vector. Nothing here touches data or
 privacy: where a model lives changes only float rounding (see
@@ -16,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import rng as rngs
 from engine.data.federated import FederatedDataset
 from engine.models import build_model
+from engine.privacy import rng as rngs
 
 
 def flatten_params(model: nn.Module) -> torch.Tensor:
@@ -133,7 +134,7 @@ def configure_cuda_numerics() -> None:
     * TF32 is off for convolutions and matrix products (PyTorch enables it for cuDNN
       convolutions by default): TF32 keeps 10 mantissa bits, so a GPU run would differ
       from the CPU run of the same seed by ~1e-3 relative per step instead of float32
-      rounding, and the vectorised probe (``engine.vectorized``), which checks a
+      rounding, and the vectorised probe (``engine.federated.vectorized``), which checks a
       group's gradients against plain autograd, failed on every conv model and left
       GPU workers training one client at a time.
     """

@@ -2,8 +2,8 @@
 
 A :class:`ClientWorker` is created once per worker process (a Ray actor, or in
 process). It is a thin shell around the local trainer
-(:mod:`engine.local_training`: one client at a time, or vectorised groups from
-:mod:`engine.vectorized`, chosen once at start). For each client the trainer returns
+(:mod:`engine.federated.local_training`: one client at a time, or vectorised groups from
+:mod:`engine.federated.vectorized`, chosen once at start). For each client the trainer returns
 its local model w_i; the worker forms Δ_i = w_i − x^t, zeroes a personal head, applies
 the client transforms, then sanitises and clips the whole update to C
 (docs/algorithms.md §0 rule 2) and adds it to the shard's sum (with client-side noise
@@ -27,19 +27,19 @@ import numpy as np
 import torch
 
 from algorithms.pieces.steps import round_lr
-from engine import rng as rngs
 from engine.data.federated import FederatedDataset
-from engine.local_training import LocalResult, OneByOneTrainer
-from engine.phases import OFF, PhaseTimer, timed
-from engine.privacy.mechanisms import add_float64_, clip_update, gaussian_noise
-from engine.vectorized import choose_trainer
-from engine.worker_model import (
+from engine.federated.local_training import LocalResult, OneByOneTrainer
+from engine.federated.vectorized import choose_trainer
+from engine.federated.worker_model import (
     batch_to_tensors,
     configure_cuda_numerics,
     init_process_model,
     load_flat_,
     resolve_worker_device,
 )
+from engine.privacy import rng as rngs
+from engine.privacy.mechanisms import add_float64_, clip_update, gaussian_noise
+from engine.telemetry.phases import OFF, PhaseTimer, timed
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,10 @@ class ClientWorker:
         self.one_by_one = OneByOneTrainer(dataset, spec, model, self.device)
         self.model, self.params = model, self.one_by_one.params
         self.shapes, self.head_mask = self.one_by_one.shapes, self.one_by_one.head_mask
-        # One by one or vectorised groups (engine.vectorized): decided once, never per round.
+        # One by one or vectorised groups (engine.federated.vectorized): decided once,
+        # never per round.
         self.trainer = choose_trainer(self.one_by_one)
-        self.timer: Any = OFF  # engine.phases; a benchmark's PhaseTimer (set_timing)
+        self.timer: Any = OFF  # engine.telemetry.phases; a benchmark's PhaseTimer (set_timing)
 
     def set_timing(self, on: bool) -> None:
         """Record this worker's phase times (``benchmarks/round_phases.py``) or stop."""
@@ -263,7 +264,7 @@ class ClientWorker:
         """Train the shard's clients and sum their clipped updates in client order.
 
         Clients are trained one by one, or ``clients_per_batch`` at a time as one
-        vectorised computation (``engine.vectorized``; same local models to float
+        vectorised computation (``engine.federated.vectorized``; same local models to float
         rounding). Either way each client's update is clipped individually and added
         to the float64 total in the given client order, and noise is added (by the
         server, or here per client) exactly as before: vectorisation changes no
@@ -355,7 +356,7 @@ class ClientWorker:
 
         Executors spread the test set over the workers so evaluation runs in parallel.
         """
-        from engine.evaluation import evaluate_sums
+        from engine.federated.evaluation import evaluate_sums
 
         load_flat_(self.model, self._global_flat(global_weights))
         ds = self.dataset

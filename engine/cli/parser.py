@@ -1,7 +1,7 @@
 """The ``dpfl`` argument parser and its value parsers, with no command behind them.
 
 :mod:`engine.cli` runs the commands (it maps ``args.command`` to a handler);
-:mod:`cluster.submit` parses a job's ``dpfl ...`` entrypoint with the same parser to
+:mod:`engine.cli.submit` parses a job's ``dpfl ...`` entrypoint with the same parser to
 check it before submitting. Both import this module; neither imports the other at
 module level, and this module imports neither.
 """
@@ -71,7 +71,7 @@ def _add_console_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.config_doc import keys_epilog
+    from engine.config.doc import keys_epilog
 
     p = _Parser(
         prog="dpfl", description="Federated learning with client-level differential privacy"

@@ -23,20 +23,14 @@ from typing import Any
 import yaml
 
 from algorithms.catalog import CATALOG
+from algorithms.compose import RecipeConfig
+from engine.errors import ConfigError
+from engine.errors import check as _check
 
 #: Share of each client's data held out when a metric needs it (personalised recipes,
 #: membership inference) and ``dataset.client_test_fraction`` is null; also what a
 #: DatasetConfig built outside a RunConfig (tests, benchmarks) holds out.
 HELD_OUT_FRACTION = 0.2
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key."""
-
-
-def _check(cond: bool, key: str, value: Any, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}={value!r}: {why}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +242,7 @@ class SamplingConfig:
 class EvalConfig:
     every: int = 5
     membership_inference: bool = False
-    # Empirical privacy audit (engine.audit): K canary clients (0 = off), and whether
+    # Empirical privacy audit (engine.privacy.audit): K canary clients (0 = off), and whether
     # the statistic is the max over every round's update instead of the final model.
     audit_canaries: int = 0
     audit_every_round: bool = False
@@ -266,7 +260,7 @@ class PrivacyConfig:
     """Client-level DP. Give at most one of ``epsilon`` and ``noise_multiplier``; with
     neither, ``epsilon`` defaults to ``DEFAULT_EPSILON``. ``delta`` defaults to
     ``min(N^-1.1, 0.01/N)`` (``engine.privacy.accounting.default_delta``).
-    ``secure_noise``: release mode (see :mod:`engine.rng`)."""
+    ``secure_noise``: release mode (see :mod:`engine.privacy.rng`)."""
 
     epsilon: float | None = None
     delta: float | None = None
@@ -532,47 +526,6 @@ CUSTOM = "custom"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RecipeConfig:
-    """A user-composed recipe, read only with ``algorithm: custom`` (algorithms.compose):
-    the pieces by name; their parameters are the ``algo.*`` keys."""
-
-    private: bool = True
-    step: str = "sgd"
-    regularizer: str | None = None
-    constraint: str | None = None
-    client_transforms: tuple[str, ...] = ()
-    noise_support: str = "all"
-    server_transforms: tuple[str, ...] = ()
-    personal: bool = False
-
-    def __post_init__(self) -> None:
-        from algorithms import compose
-
-        def one_of(key: str, value: Any, names: tuple[str, ...]) -> None:
-            _check(value in names, f"recipe.{key}", value, f"must be one of {', '.join(names)}")
-
-        one_of("step", self.step, compose.STEPS)
-        if self.regularizer is not None:
-            one_of("regularizer", self.regularizer, compose.REGULARIZERS)
-        if self.constraint is not None:
-            one_of("constraint", self.constraint, compose.CONSTRAINTS)
-        for name in self.client_transforms:
-            one_of("client_transforms", name, compose.CLIENT_TRANSFORMS)
-        for name in self.server_transforms:
-            one_of("server_transforms", name, compose.SERVER_TRANSFORMS)
-        one_of("noise_support", self.noise_support, compose.NOISE_SUPPORTS)
-        for key in ("client_transforms", "server_transforms"):
-            names = getattr(self, key)
-            _check(len(set(names)) == len(names), f"recipe.{key}", list(names), "repeats a piece")
-        _check(
-            self.private or self.noise_support == "all",
-            "recipe.noise_support",
-            self.noise_support,
-            "needs recipe.private=true (a non-private recipe adds no noise)",
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     algorithm: str = "dp_fedavg"
     seed: int = 0
@@ -825,7 +778,7 @@ def user_tree(
     tree: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     if path is not None:
         loaded = read_yaml_mapping(path)
-        if "preset" in loaded:  # engine.presets: a paper table, several runs
+        if "preset" in loaded:  # engine.config.presets: a paper table, several runs
             raise ConfigError(
                 f"--config {str(path)!r}: is a paper preset (preset: section); run it with "
                 "dpfl compare --config FILE [--scale cpu]"

@@ -12,8 +12,8 @@ Privacy (docs/algorithms.md §0–1), for DP-FedAvg:
   N(0, (zC)² I) once from the round's noise stream, divides by the public
   denominator (q·N or m), multiplies by the server learning rate and updates x.
 * ``secure`` (``privacy.secure_noise``, release mode): the cohort and the noise come
-  from the OS CSPRNG (:class:`engine.rng.SecureRandom`) instead of the seeded
-  streams, so nothing recorded regenerates them (see :mod:`engine.rng`).
+  from the OS CSPRNG (:class:`engine.privacy.rng.SecureRandom`) instead of the seeded
+  streams, so nothing recorded regenerates them (see :mod:`engine.privacy.rng`).
 * The accountant composes exactly one event per completed round; the ε recorded for
   round t is the cumulative ε after t rounds, computed by dp-accounting.
 
@@ -32,16 +32,21 @@ import numpy as np
 import torch
 
 from algorithms.pieces.steps import round_lr
-from engine import rng as rngs
-from engine.client import PartialSum, reduce_partials
 from engine.data.federated import FederatedDataset
-from engine.evaluation import evaluate as evaluate_model
-from engine.evaluation import membership_inference_auc
-from engine.phases import OFF
+from engine.federated.client import PartialSum, reduce_partials
+from engine.federated.evaluation import evaluate as evaluate_model
+from engine.federated.evaluation import membership_inference_auc
+from engine.federated.worker_model import (
+    flatten_params,
+    init_process_model,
+    load_flat_,
+    personal_mask,
+)
 from engine.privacy import banded_mf, tree_aggregation
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
 from engine.privacy.mechanisms import privatize_sum, server_noise
-from engine.worker_model import flatten_params, init_process_model, load_flat_, personal_mask
+from engine.telemetry.phases import OFF
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class ServerSpec:
     steps: int | None = None  # public K (PGN)
     membership_inference: bool = False
     secure: bool = False  # release mode: cohorts and noise from the OS CSPRNG
-    audit: Any = None  # engine.audit.AuditSpec (eval.audit_canaries > 0)
+    audit: Any = None  # engine.privacy.audit.AuditSpec (eval.audit_canaries > 0)
     model_init: str = "default"  # model.init: default | zeros
 
 
@@ -131,7 +136,7 @@ def poisson_by_count(g: np.random.Generator, n: int, rate: float) -> np.ndarray:
 
 def poisson_by_gaps(n: int, rate: float, uniform: Callable[[int], np.ndarray]) -> np.ndarray:
     """Poisson sampling of ``range(n)`` with rate q from uniforms in (0, 1) alone (what
-    :class:`engine.rng.SecureRandom` offers; it has no binomial), in O(m) expected time
+    :class:`engine.privacy.rng.SecureRandom` offers; it has no binomial), in O(m) expected time
     and memory: the gaps between consecutive members of a Bernoulli(q) sequence are
     i.i.d. Geometric(q) (failures before a success), P(G ≥ k) = (1 − q)^k, and
     G = ⌊log u / log(1 − q)⌋ has exactly that law for u uniform on (0, 1). Members
@@ -203,12 +208,12 @@ class Server:
         self.clip_norm = spec.pipeline.clip_norm
         self.audit = None
         if spec.audit is not None:
-            from engine.audit import CanaryAudit
+            from engine.privacy.audit import CanaryAudit
 
             self.audit = CanaryAudit(spec.audit, self.weights)
         #: (round, z, C_t, noise) drawn by :meth:`prepare_noise` while the round trained
         self._noise: tuple[int, float, float, torch.Tensor] | None = None
-        self.timer = OFF  # engine.phases: a benchmark's PhaseTimer, else records nothing
+        self.timer = OFF  # engine.telemetry.phases: a benchmark's PhaseTimer, else records nothing
 
     def dim(self) -> int:
         return int(self.weights.numel())

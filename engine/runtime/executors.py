@@ -1,7 +1,7 @@
 """Executors: one round function, two worker pools (in process or Ray actors).
 
 A round is written once, in :func:`play_round`: the server samples the cohort, the
-cohort is split into ``num_workers`` shards (:func:`engine.client.shard_cohort`, the
+cohort is split into ``num_workers`` shards (:func:`engine.federated.client.shard_cohort`, the
 same split everywhere), each shard is trained into one partial sum, the server reduces
 the partials in shard order, privatises and accounts, and on evaluation rounds the
 test set (and, for personal heads, each client's held-out split) is evaluated in
@@ -35,13 +35,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine import timeline
-from engine.client import ClientWorker, LocalSpec, client_costs, owner_shard, shard_cohort
 from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
-from engine.evaluation import combine_sums, eval_slices
-from engine.phases import OFF
-from engine.server import Server, ServerSpec, is_eval_round
+from engine.federated.client import ClientWorker, LocalSpec, client_costs, owner_shard, shard_cohort
+from engine.federated.evaluation import combine_sums, eval_slices
+from engine.federated.server import Server, ServerSpec, is_eval_round
+from engine.telemetry import timeline
+from engine.telemetry.phases import OFF
 
 ACTOR_START_TIMEOUT_S = 180.0
 
@@ -65,7 +65,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
 
     if ray.is_initialized():
         if not (ray_cfg.address or os.environ.get("RAY_ADDRESS")):  # a Ray of this machine
-            from engine.resources import check_processes
+            from engine.runtime.resources import check_processes
 
             check_processes(ray_cfg, float(ray.cluster_resources().get("CPU", 0.0)))
         return False
@@ -80,7 +80,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     if address:
         kwargs["address"] = address
     else:
-        from engine.resources import check_local_fit
+        from engine.runtime.resources import check_local_fit
 
         check_local_fit(ray_cfg, extra_cpus)  # no unbounded worker processes
         need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker + extra_cpus
@@ -150,7 +150,7 @@ class WorkerPool(Protocol):
     """
 
     retries: int  # actor losses survived so far (0 in process)
-    timer: Any  # engine.phases: OFF unless a benchmark installed a PhaseTimer
+    timer: Any  # engine.telemetry.phases: OFF unless a benchmark installed a PhaseTimer
 
     def set_timer(self, timer: Any) -> None: ...
 
@@ -220,7 +220,8 @@ class Executor:
 
     def set_timer(self, timer: Any) -> None:
         """Time the phases of every following round with ``timer`` (an
-        :class:`engine.phases.PhaseTimer`; ``engine.phases.OFF`` stops): the driver's
+        :class:`engine.telemetry.phases.PhaseTimer`; ``engine.telemetry.phases.OFF`` stops):
+        the driver's
         steps, the server's and, in process, the workers' (Ray workers keep their own:
         :meth:`RayWorkerPool.take_worker_phase_times`). Changes no computation."""
         self.pool.set_timer(timer)
@@ -391,7 +392,7 @@ class RayWorkerPool:
     """Persistent client-worker actors plus a server, surviving actor deaths.
 
     Everything Ray-specific lives here: actors declared with their resources (and a GPU
-    share, see :mod:`engine.resources`), the dataset put once in the object store,
+    share, see :mod:`engine.runtime.resources`), the dataset put once in the object store,
     object references passed between actors so the O(d) vectors never go through the
     driver (unless the server lives there, ``ray.server``), and fault tolerance.
 
@@ -425,7 +426,7 @@ class RayWorkerPool:
         self._owns_ray = ensure_ray(ray_cfg, include_dashboard)
         self.run_name = run_name
         self.max_restarts = int(ray_cfg.max_worker_restarts)
-        from engine.resources import plan_gpu_share
+        from engine.runtime.resources import plan_gpu_share
 
         gpus, measured = plan_gpu_share(
             ray_cfg, local_spec.model_name, dataset, local_spec.batch_size

@@ -41,7 +41,7 @@ DATA = 5  # dataset generation and partitioning
 CLIENT_MASK = 6  # reserved: per-client randomness of transforms
 SERVER_PUBLIC = 7  # reserved: public per-round randomness (e.g. rand-k masks)
 CLIP_COUNT = 8  # noise of adaptive clipping's released count (server)
-AUDIT = 9  # canary directions and canary participation (engine.audit)
+AUDIT = 9  # canary directions and canary participation (engine.privacy.audit)
 TRIAL_SEED = 10  # dpfl tune: run seed of trial k of (algorithm, ε) (tuning.trial)
 TUNING_COUNT = 11  # dpfl tune: the random number of trials K (tuning.experiment)
 

@@ -34,16 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.cli_parser import COMMANDS, RAY_LOG, TUNE_METRICS, build_parser
-from engine.cli_parser import parse_floats as _floats
-from engine.cli_parser import parse_seeds as _seeds
+from engine.cli.parser import COMMANDS, RAY_LOG, TUNE_METRICS, build_parser
+from engine.cli.parser import parse_floats as _floats
+from engine.cli.parser import parse_seeds as _seeds
 from engine.config import ConfigError, RunConfig, load_config
 
 __all__ = ["HANDLERS", "RAY_LOG", "TUNE_METRICS", "build_parser", "main"]
 
-#: Read by :func:`engine.executors.ensure_ray`: "0" keeps workers' output off the console.
+#: Read by :func:`engine.runtime.executors.ensure_ray`: "0" keeps workers' output off the console.
 LOG_TO_DRIVER_ENV = "DPFL_RAY_LOG_TO_DRIVER"
-#: Read by :func:`engine.executors.ensure_ray` (its ``QUIET_ENV``): "1" (``dpfl -q``) keeps
+#: Read by :func:`engine.runtime.executors.ensure_ray` (its ``QUIET_ENV``): "1" (``dpfl -q``) keeps
 #: the dashboard's address off the console. Spelled here so that commands that start no
 #: Ray (``dpfl algorithms``, ``dpfl privacy``) do not import the executors and torch.
 QUIET_ENV = "DPFL_QUIET"
@@ -293,7 +293,7 @@ class RunPlan:
     overwrite: bool = False
     resume: dict | None = None  # engine.simulation.load_run's state (--resume)
     dataset: Any = None  # the first seed's data, built while checking (reused)
-    #: --resume: engine.run_folder.check_run_folder's verdict ("continue", "complete",
+    #: --resume: engine.results.run_folder.check_run_folder's verdict ("continue", "complete",
     #: "start"); its rows are those of a finished run for "complete".
     resume_status: str | None = None
     released: Any = None
@@ -307,7 +307,7 @@ def _plan_run(args: argparse.Namespace) -> RunPlan:
     from engine.simulation import prepare
 
     if args.resume:
-        from engine.run_folder import check_run_folder
+        from engine.results.run_folder import check_run_folder
 
         for flag, value in (
             ("--config/--set", args.config or args.set),
@@ -385,7 +385,7 @@ def _execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
             return 0
         owns_ray = False
         if uses_ray:  # one Ray for every seed
-            from engine.executors import ensure_ray
+            from engine.runtime.executors import ensure_ray
 
             owns_ray = ensure_ray(config.ray)
         try:
@@ -423,11 +423,11 @@ def _print_complete(plan: RunPlan) -> None:
 
 def _check_resources(config: RunConfig, extra_cpus: float = 0.0) -> None:
     """Workers x CPUs (and GPUs) per worker against what a local Ray would have, before
-    the data is built or Ray started (engine.resources.check_local_fit); skipped when
+    the data is built or Ray started (engine.runtime.resources.check_local_fit); skipped when
     dpfl attaches to a cluster (ray.address or $RAY_ADDRESS), which is checked there."""
     if config.ray.address or os.environ.get("RAY_ADDRESS"):
         return
-    from engine.resources import check_local_fit
+    from engine.runtime.resources import check_local_fit
 
     check_local_fit(config.ray, extra_cpus)
 
@@ -525,8 +525,8 @@ def _privacy(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from engine import compare as cmp
-    from engine.presets import read_preset
+    from engine.config.presets import read_preset
+    from engine.simulation import compare as cmp
 
     preset = read_preset(args.config) if args.config else None
     epsilons = _floats(args.epsilons, "--epsilons") if args.epsilons else None
@@ -593,7 +593,7 @@ def _plan_tune(args: argparse.Namespace) -> TunePlan:
     """Check the flags of ``dpfl tune`` and the results folder; writes nothing.
     (The config and search spaces are checked by ``tuning.experiment.run_tune``
     before it starts Ray.)"""
-    from engine.compare import parse_algorithms
+    from engine.simulation.compare import parse_algorithms
 
     algorithms = parse_algorithms(args.algorithms)
     epsilons = _floats(args.epsilons, "--epsilons")
@@ -741,7 +741,7 @@ def _watch(directory: Path, args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from cluster.submit import submit
+    from engine.cli.submit import submit
 
     return submit(
         args.entrypoint,
@@ -772,7 +772,7 @@ def _algorithms(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from engine.config_doc import commented_yaml
+    from engine.config.doc import commented_yaml
 
     config = load_config(args.config, args.set) if (args.config or args.set) else None
     sys.stdout.write(commented_yaml(config))
@@ -782,7 +782,7 @@ def _config(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-#: ``dpfl <command>`` -> the function that runs it (the parser lives in engine.cli_parser).
+#: ``dpfl <command>`` -> the function that runs it (the parser lives in engine.cli.parser).
 HANDLERS = {
     "run": _run,
     "privacy": _privacy,
@@ -856,7 +856,7 @@ def _os_error(e: OSError, args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
-    from engine import timeline
+    from engine.telemetry import timeline
 
     timeline.mark("main")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import rng as rngs
 from engine.data.federated import FederatedDataset
+from engine.privacy import rng as rngs
 
 MIA_STREAM = 8
 MIA_MAX_SAMPLES = 2000

@@ -132,10 +132,10 @@ def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def check_resume(runs: list[PlannedRun], out: Path) -> dict[str, Any]:
     """``dpfl compare --resume``: every planned run's folder that exists, checked before
-    anything is written (:func:`engine.run_folder.check_run_folder`: its config, its
+    anything is written (:func:`engine.results.run_folder.check_run_folder`: its config, its
     checkpoint, every released row) and compared with the run the flags plan now.
     Returns the checked folders by run folder; ConfigError (one line) otherwise."""
-    from engine.run_folder import check_run_folder
+    from engine.results.run_folder import check_run_folder
 
     again = f"start the comparison again with dpfl compare --out {out} --overwrite"
     found: dict[str, Any] = {}
@@ -184,7 +184,7 @@ def run(
     owns_ray = False
     first = runs[0].config
     if first.ray.executor == "ray":  # one Ray for all runs, not one start per method
-        from engine.executors import ensure_ray
+        from engine.runtime.executors import ensure_ray
 
         owns_ray = ensure_ray(first.ray)
     rows = []

@@ -1,7 +1,7 @@
 """Vectorised local training: a group of clients trained as one batched computation.
 
 The vectorised implementation of the local-training interface
-(:mod:`engine.local_training`) is :class:`GroupedTrainer`, chosen once per worker by
+(:mod:`engine.federated.local_training`) is :class:`GroupedTrainer`, chosen once per worker by
 :func:`choose_trainer`. Its :class:`VectorizedTrainer` trains G clients of a worker's
 shard at once. Their parameters are stacked along a leading client axis and every
 local step is one forward pass, ``torch.func.vmap`` over a ``torch.func.functional_call``
@@ -11,11 +11,11 @@ parameters, so the gradient of the sum with respect to that row is its own gradi
 ``torch.func.grad`` would compute the same but imports ``torch._dynamo`` on first use,
 1 s of each worker's first round on 2 cores). The result for each client is
 the same local model that
-:meth:`engine.local_training.OneByOneTrainer.train_client` would produce for it
+:meth:`engine.federated.local_training.OneByOneTrainer.train_client` would produce for it
 alone, up to float32 rounding (batched kernels sum in a different order):
 
 * **Minibatches**: client i draws its batches from its own generator,
-  :func:`engine.local_training.client_batches` (stream (seed, round, client)), so at
+  :func:`engine.federated.local_training.client_batches` (stream (seed, round, client)), so at
   step t it uses exactly the indices of its sequential step t. The
   group's batches are padded to a common length with weight-0 examples (copies of the
   client's own first example of the batch, masked out of the loss) and the loss is
@@ -28,7 +28,7 @@ alone, up to float32 rounding (batched kernels sum in a different order):
   stacked tensors, so its parameters (and momentum buffer) cannot change and no
   zero-norm or empty-batch gradient is ever computed for it. Its loss and step counts
   stop there, exactly as in the sequential loop.
-* **Step rules**: plain SGD by :func:`engine.local_training.sgd_update_`, the
+* **Step rules**: plain SGD by :func:`engine.federated.local_training.sgd_update_`, the
   one-by-one trainer's arithmetic on stacked tensors (weight decay added to the
   gradient, momentum buffer per client initialised with the first gradient, dampening
   0, no Nesterov; ``pipeline.plain_sgd`` disables both), SAM/ASAM (the perturbation is
@@ -103,7 +103,7 @@ from torch.func import functional_call, vmap
 
 from algorithms.pieces.steps import pgn_public, round_lr, sam_perturbation
 from algorithms.pipeline import BLUR, BallProjection, PGNStep, SAMStep, SGDStep
-from engine.local_training import LocalResult, OneByOneTrainer, sgd_update_
+from engine.federated.local_training import LocalResult, OneByOneTrainer, sgd_update_
 
 __all__ = [
     "DeferredTrainer",
@@ -505,7 +505,7 @@ def auto_group_size(base: OneByOneTrainer, trainer: VectorizedTrainer) -> tuple[
 
 
 class GroupedTrainer:
-    """The vectorised implementation of :class:`engine.local_training.LocalTrainer`.
+    """The vectorised implementation of :class:`engine.federated.local_training.LocalTrainer`.
 
     Trains a shard's clients, in their order, ``group_size`` at a time with
     :meth:`VectorizedTrainer.train_group`; a group under ``min_group`` clients (e.g.

@@ -132,7 +132,7 @@ def check_reachable(url: str, timeout: float = CONNECT_TIMEOUT_S, flag: str = "-
 
 def _parse_dpfl(args: list[str]) -> argparse.Namespace:
     """Parse ``dpfl ARGS`` with dpfl's own parser; its error becomes one ConfigError line."""
-    from engine.cli_parser import build_parser
+    from engine.cli.parser import build_parser
 
     text = shlex.join(["dpfl", *args])
     err = io.StringIO()
@@ -179,13 +179,13 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
         raise ConfigError("entrypoint 'dpfl submit ...': a job cannot submit a job")
     if ns.command not in RAY_COMMANDS:
         return ns
-    from engine.compare import parse_algorithms
     from engine.config import load_config
+    from engine.simulation.compare import parse_algorithms
 
     config_path = _config_path(ns.config, working_dir)
     local_config = config_path is None or Path(config_path).is_file()
     if ns.command == "tune":
-        from engine.cli_parser import parse_floats as _floats
+        from engine.cli.parser import parse_floats as _floats
         from engine.config import _set_path
         from tuning.experiment import SMOKE, read_tune_file
 
@@ -198,7 +198,7 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
                 _set_path(tree, key, value)
         load_config(base=tree, overrides=ns.set)
     elif ns.command == "compare":
-        from engine.presets import read_preset
+        from engine.config.presets import read_preset
 
         _require_absolute("--out", ns.out)
         preset = read_preset(config_path) if config_path and local_config else None

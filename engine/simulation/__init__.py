@@ -24,14 +24,12 @@ import numpy as np
 import pandas as pd
 
 from algorithms.recipes import build_pipeline, participation, resolved_hyperparameters
-from engine import rng as rngs
-from engine import timeline
-from engine.client import LocalSpec
 from engine.config import ConfigError, RunConfig
 from engine.data import FederatedDataset, build_dataset, check_dataset_files
-from engine.executors import Executor, local_executor, ray_executor
-from engine.metrics import RunMetrics, run_label
+from engine.federated.client import LocalSpec
+from engine.federated.server import ServerSpec
 from engine.models import build_model
+from engine.privacy import rng as rngs
 from engine.privacy.accounting import (
     MAX_DELTA_TIMES_N,
     CalibrationError,
@@ -41,7 +39,9 @@ from engine.privacy.accounting import (
     default_delta,
 )
 from engine.results import RoundWriter, write_json
-from engine.server import ServerSpec
+from engine.runtime.executors import Executor, local_executor, ray_executor
+from engine.telemetry import timeline
+from engine.telemetry.metrics import RunMetrics, run_label
 
 timeline.mark("imports done")  # dpfl run: engine.simulation (torch, dp-accounting, pandas) loaded
 
@@ -166,7 +166,7 @@ class Prepared:
     pipeline: Any = None
     steps: int | None = None  # public K, when fixed
     adaptive: Any = None  # AdaptiveClipSpec under privacy.clip_mode=adaptive
-    audit: Any = None  # engine.audit.AuditSpec under eval.audit_canaries > 0
+    audit: Any = None  # engine.privacy.audit.AuditSpec under eval.audit_canaries > 0
 
 
 def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepared:
@@ -197,8 +197,8 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
             f"model.name={config.model.name!r} does not fit dataset.name="
             f"{config.dataset.name!r} (input {dataset.input_shape}): {e}"
         ) from None
-    from engine.audit import audit_spec
     from engine.privacy.adaptive_clip import adaptive_spec
+    from engine.privacy.audit import audit_spec
 
     try:
         adaptive = adaptive_spec(config, plan)
@@ -232,7 +232,7 @@ def validate_pipeline(pipeline, model) -> None:
     """Check hyperparameters that need the model (sizes), before any training."""
     from algorithms.pieces.sparsify import num_kept
     from algorithms.pipeline import LUS, RandK, ServerTopK, TopK
-    from engine.worker_model import flatten_params, personal_mask
+    from engine.federated.worker_model import flatten_params, personal_mask
 
     d = int(flatten_params(model).numel())
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):
@@ -310,7 +310,7 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
         model_init=cfg.model.init,
         device=cfg.ray.worker_device,
         # groups sized for this share of a GPU (a Tune trial's 1/tune.trials_per_gpu);
-        # the Ray pool replaces it with the share it plans (engine.resources)
+        # the Ray pool replaces it with the share it plans (engine.runtime.resources)
         gpu_share=float(cfg.ray.num_gpus_per_worker),
         secure=cfg.privacy.secure_noise,
     )
@@ -375,10 +375,10 @@ def save_checkpoint(out_dir: Path, state: dict) -> None:
 
 def load_run(out_dir: str | Path) -> tuple[RunConfig, dict]:
     """(config, checkpoint) of an interrupted ``dpfl run`` whose results are in
-    ``out_dir``, after :func:`engine.run_folder.check_run_folder` checked the config,
+    ``out_dir``, after :func:`engine.results.run_folder.check_run_folder` checked the config,
     the checkpoint and every released row; raises ConfigError naming the missing or
     damaged file."""
-    from engine.run_folder import check_run_folder
+    from engine.results.run_folder import check_run_folder
 
     folder = check_run_folder(out_dir)
     if folder.state is None:
@@ -419,7 +419,7 @@ def simulate(
             caller that persists checkpoints itself (Tune) does it here, so that a
             released round is never recomputed on resume.
         run_name: Prefix of the Ray actor names (unique per concurrent run); also the
-            ``run`` tag of the dashboard metrics (:mod:`engine.metrics`).
+            ``run`` tag of the dashboard metrics (:mod:`engine.telemetry.metrics`).
         trial: The ``trial`` tag of the dashboard metrics (Tune's trial id).
     """
     prep = prepare(config, dataset)

@@ -8,7 +8,7 @@ personal-head phase first), on the client's own minibatches. The interface is
 
 * :class:`OneByOneTrainer` (here): one client at a time on the worker's model, with
   autograd;
-* :class:`engine.vectorized.GroupedTrainer`: groups of clients as one ``vmap``-ed
+* :class:`engine.federated.vectorized.GroupedTrainer`: groups of clients as one ``vmap``-ed
   computation, handing groups too small to gain to the one-by-one trainer.
 
 Both share the rules defined once here or in :mod:`algorithms`: minibatches from
@@ -18,7 +18,7 @@ Both share the rules defined once here or in :mod:`algorithms`: minibatches from
 constraint's projection from the pipeline's piece (``BallProjection.project_`` and
 its per-row form ``project_rows_``). What follows training — Δ_i = w_i − x^t, zeroing
 a personal head, the client transforms, clipping and noise — is the worker's
-(:class:`engine.client.ClientWorker`), the same code for both trainers.
+(:class:`engine.federated.client.ClientWorker`), the same code for both trainers.
 
 Privacy: nothing here is released. A trainer computes each client's local model from
 that client's data and public state only (the global model, the round's public
@@ -39,10 +39,15 @@ from torch import nn
 
 from algorithms.pieces.steps import gradients, round_lr
 from algorithms.pipeline import SGDStep
-from engine import rng as rngs
-from engine.client_state import ClientStateStore
 from engine.data.federated import FederatedDataset
-from engine.worker_model import batch_to_tensors, flatten_params, load_flat_, personal_mask
+from engine.federated.client_state import ClientStateStore
+from engine.federated.worker_model import (
+    batch_to_tensors,
+    flatten_params,
+    load_flat_,
+    personal_mask,
+)
+from engine.privacy import rng as rngs
 
 __all__ = [
     "LocalResult",
@@ -184,7 +189,7 @@ class OneByOneTrainer:
         self, dataset: FederatedDataset, spec: Any, model: nn.Module, device: torch.device
     ) -> None:
         self.dataset = dataset
-        self.spec = spec  # engine.client.LocalSpec
+        self.spec = spec  # engine.federated.client.LocalSpec
         self.pipeline = spec.pipeline
         self.model = model
         self.device = device
