@@ -9,11 +9,12 @@ checkpointable copy.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from engine.atomic import atomic_write
 
 
 class ClientStateStore:
@@ -39,10 +40,8 @@ class ClientStateStore:
         if self.directory is None:
             self._memory[client] = value.detach().clone()
             return
-        path = self._path(client)
-        tmp = path.with_name(f".{path.name}.tmp.npy")
-        np.save(tmp, value.detach().cpu().numpy())
-        os.replace(tmp, path)
+        with atomic_write(self._path(client), suffix=".npy") as tmp:
+            np.save(tmp, value.detach().cpu().numpy())
 
     def snapshot(self) -> dict[int, np.ndarray]:
         if self.directory is None:

@@ -34,6 +34,7 @@ from functools import lru_cache
 import dp_accounting
 import numpy as np
 
+from engine.atomic import atomic_write
 from engine.privacy import calibration_store
 
 #: bump when the optimisation changes (cached strategies are keyed by it)
@@ -149,9 +150,8 @@ def strategy(n: int, bands: int) -> np.ndarray:
         if path is not None:
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.{os.getpid()}.tmp.npy"
-                np.save(tmp, c)
-                os.replace(tmp, path)
+                with atomic_write(path, suffix=".npy", unique=True) as tmp:
+                    np.save(tmp, c)
             except OSError:
                 pass
     c = np.array(c, dtype=np.float64)

@@ -31,6 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import atomic_write
+
 #: Bump when the search itself changes (its answer for the same inputs would differ).
 SEARCH_VERSION = 1
 MAX_IN_PROCESS = 4096
@@ -105,9 +107,9 @@ def remember(key: str, noise_multiplier: float) -> None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "noise_multiplier": z}))
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or this one
+        # atomic: a concurrent reader sees the old file or this one
+        with atomic_write(path, unique=True) as tmp:
+            tmp.write_text(json.dumps({"key": key, "noise_multiplier": z}))
     except OSError:
         return
 

@@ -31,7 +31,7 @@ from engine.federated.server import ServerSpec
 from engine.models import build_model
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import MAX_DELTA_TIMES_N
-from engine.results import RoundWriter, write_json
+from engine.results import RoundWriter, atomic_write, write_json
 from engine.runtime.executors import Executor, local_executor, ray_executor
 from engine.simulation.privacy_plan import PrivacyPlan, plan_privacy, sampling_spec
 from engine.telemetry import timeline
@@ -255,16 +255,11 @@ CHECKPOINT_FILE = "checkpoint.pkl"
 
 def save_checkpoint(out_dir: Path, state: dict) -> None:
     """Atomically write the round checkpoint (before the round's row is released)."""
-    import os
     import pickle
 
-    from engine.results import writing
-
-    path = Path(out_dir) / CHECKPOINT_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path, tmp):  # a full disk: one error naming the file, the old one kept
+    # a full disk: one error naming the file, the old one kept
+    with atomic_write(Path(out_dir) / CHECKPOINT_FILE) as tmp:
         tmp.write_bytes(pickle.dumps(state))
-        os.replace(tmp, path)
 
 
 def load_run(out_dir: str | Path) -> tuple[RunConfig, dict]:
