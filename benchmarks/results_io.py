@@ -3,8 +3,8 @@
     python benchmarks/results_io.py                      # 1,000 trials x 300 rounds
     python benchmarks/results_io.py --trials 100 --rounds 50 --json io.json
 
-While a Tune trial runs, each round is its own Parquet file (``tuning.trial.write_round``,
-readable at once); when it ends, ``tuning.trial.compact_trial`` folds them into one file.
+While a Tune trial runs, each round is its own Parquet file (``tuning.rounds.write_round``,
+readable at once); when it ends, ``tuning.rounds.compact_trial`` folds them into one file.
 This writes ``--sample-trials`` trials round by round with the real ``write_round``,
 times ``tuning.report.load_rounds`` on that per-round layout, compacts them with the
 real ``compact_trial``, and fills the rest of the sweep with copies of those compacted
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuning.report import load_rounds  # noqa: E402
-from tuning.trial import compact_trial, rounds_dir, write_round  # noqa: E402
+from tuning.rounds import compact_trial, rounds_dir, write_round  # noqa: E402
 
 TARGET_S = 5.0
 #: a tuned run's row: the engine's per-round columns, event columns, hyperparameters

@@ -9,7 +9,7 @@ in its own Ray process, ``tune.trial_executor=auto``): ``simulate`` on
 ``benchmarks/bench.py``'s ``cifar10_pfl`` workload (the CIFAR-shaped ``cnn``, 2.16M
 parameters, 1,000 clients of ~50 images, Poisson ~50 per round, one epoch of batch 10),
 each trial with its own seed. n trials run at once as Ray tasks holding the GPU share
-``dpfl tune`` gives them (:func:`tuning.experiment.pack_trials_per_gpu` with
+``dpfl tune`` gives them (:func:`tuning.plan.pack_trials_per_gpu` with
 ``tune.trials_per_gpu = n``: 1/n of the GPU each). Printed per n: the sweep's client
 updates/s over its whole wall time (start-up included) and in steady state (the updates
 after each trial's first round over the span from the first trial's first round to the
@@ -38,7 +38,7 @@ for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
 import bench  # noqa: E402
 
 from engine.config import load_config  # noqa: E402
-from tuning.experiment import pack_trials_per_gpu  # noqa: E402
+from tuning.plan import pack_trials_per_gpu  # noqa: E402
 
 
 def load() -> str:

@@ -79,12 +79,12 @@ def sweep_overrides(rounds: int | None) -> list[str]:
 
 def experiment_config(overrides: list[str]):
     """The experiment's config exactly as ``run_tune`` builds it with ``smoke_test``."""
-    from engine.config import _set_path, load_config
-    from tuning.experiment import SMOKE
+    from engine.config import load_config, set_path
+    from tuning.plan import SMOKE
 
     tree: dict[str, Any] = {}
     for key, value in SMOKE.items():
-        _set_path(tree, key, value)
+        set_path(tree, key, value)
     config = load_config(base=tree, overrides=overrides)
     return config
 
@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DPFL_RAY_LOG_TO_DRIVER", "0")
     import ray
 
-    from tuning.experiment import SMOKE, run_tune
+    from tuning.experiment import run_tune
+    from tuning.plan import SMOKE
 
     rep: dict[str, Any] = {
         "trials_requested": args.trials,

@@ -3,8 +3,13 @@
 * :mod:`tuning.spaces` — search spaces per recipe as data, YAML overrides, validation;
 * :mod:`tuning.trial` — one trial = one simulation at a fixed ε (σ calibrated), with
   its own seed;
-* :mod:`tuning.experiment` — ``dpfl tune``: experiments, results, resume, the number
-  of trials and which trial is released;
+* :mod:`tuning.rounds` — the sweep's rounds dataset: one Parquet row per (trial, round),
+  folded into one file per trial;
+* :mod:`tuning.experiment` — ``dpfl tune``: experiments, results, resume;
+* :mod:`tuning.plan` — an experiment's settings, trial placement and the number of
+  trials per (algorithm, ε);
+* :mod:`tuning.driver` — the driver runner: a cell's trials in this process, no Tune;
+* :mod:`tuning.trials_table` — ``trials.parquet`` and which trial is released;
 * :mod:`tuning.selection` — the privacy cost of tuning: composition of all trials, or
   Papernot & Steinke's repeat-and-select bound (K drawn by dpfl, best trial only);
 * :mod:`tuning.report` — ``dpfl report``, its figures and pandas helpers

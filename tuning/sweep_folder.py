@@ -169,7 +169,7 @@ def check_trials(out: Path, rounds: int) -> None:
         if not where:  # the trial's folder, from the row its checkpoint holds
             cell = root
             if pending is not None and {"algorithm", "epsilon_budget"} <= set(pending):
-                from tuning.trial import rounds_dir
+                from tuning.rounds import rounds_dir
 
                 cell = rounds_dir(out, pending["algorithm"], float(pending["epsilon_budget"]))
             where = f"{cell}/{tid}*.parquet (no file left)"

@@ -84,7 +84,7 @@ class Crash(Exception):
 def _tracked_run(monkeypatch, cfg, events: list, crash: tuple[str, int] | None, resume=None):
     """simulate() recording ("computed", r) per finished round and ("released", r) per
     row written; ``crash=("before"|"after", r)`` raises around the write of row r."""
-    import engine.simulation as sim
+    import engine.simulation.runner as sim
     from engine.results import RoundWriter
 
     monkeypatch.undo()
@@ -141,7 +141,7 @@ def test_a_released_round_is_never_recomputed(monkeypatch, small_overrides, tmp_
 
 def test_tune_refuses_sparse_checkpoints(tmp_path) -> None:
     from engine.config import ConfigError
-    from tuning.experiment import read_tune_file
+    from tuning.plan import read_tune_file
 
     path = tmp_path / "t.yaml"
     path.write_text("tune:\n  checkpoint_every: 3\n")

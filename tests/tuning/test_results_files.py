@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tuning.report import load_rounds
-from tuning.trial import compact_cell, compact_trial, rounds_dir, write_round
+from tuning.rounds import compact_cell, compact_trial, rounds_dir, write_round
 
 COLUMNS = {"lr": "float", "ls_scope": "string"}
 
@@ -137,7 +137,7 @@ def reference_trials_table(out, statuses: dict, metric: str) -> pd.DataFrame:
     """The oracle: the former ``trials_table``, one trial at a time from every column."""
     import math
 
-    from tuning.trial import hyperparameter_columns
+    from tuning.rounds import hyperparameter_columns
 
     rounds = load_rounds(out)
     skip = ("personal_accuracy_nonprivate", "mia_auc_nonprivate")
@@ -174,8 +174,8 @@ def test_trials_table_equals_the_per_trial_reference(tmp_path, metric: str) -> N
     never evaluated (all NaN)."""
     import math
 
-    import tuning.experiment as experiment
-    from tuning.trial import hyperparameter_columns
+    import tuning.trials_table as trials_table_module
+    from tuning.rounds import hyperparameter_columns
 
     columns = {
         c: ("string" if c in ("ls_scope", "ls_local") else "float")
@@ -201,6 +201,6 @@ def test_trials_table_equals_the_per_trial_reference(tmp_path, metric: str) -> N
             write_round(tmp_path, row, columns)
     compact_trial(tmp_path, "dp_fedavg", 4.0, "t_00000")  # one compacted, two not
     statuses = {"t_00000": "TERMINATED", "t_00001": "ERROR"}
-    table = experiment.trials_table(tmp_path, statuses, metric)
+    table = trials_table_module.trials_table(tmp_path, statuses, metric)
     assert len(table) == 3 and list(table["status"]) == ["TERMINATED", "ERROR", "UNKNOWN"]
     pd.testing.assert_frame_equal(table, reference_trials_table(tmp_path, statuses, metric))

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tuning.trial import (
+from tuning.rounds import (
     PARTITIONS,
     STRING_COLUMNS,
     hyperparameter_columns,

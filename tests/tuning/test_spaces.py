@@ -64,7 +64,7 @@ def test_overrides_add_replace_and_remove() -> None:
 
 
 def test_tune_file_splits_config_and_tune_section(tmp_path) -> None:
-    from tuning.experiment import read_tune_file
+    from tuning.plan import read_tune_file
 
     f = tmp_path / "exp.yaml"
     f.write_text("rounds: 9\ntune:\n  space:\n    all:\n      local.epochs: null\n")
@@ -80,11 +80,11 @@ def test_a_trial_that_cannot_fit_the_local_ray_is_an_error_not_a_hang(ray_sessio
     """The test Ray has 2 CPUs: a trial of 2 one-CPU workers plus its 0.5-CPU head would
     stay PENDING forever; run_tune refuses it before writing anything."""
     from engine.config import RayConfig
-    from tuning.experiment import _check_trial_fits
+    from tuning.plan import check_trial_fits
 
     with pytest.raises(ConfigError, match=r"one trial needs 2.5 CPUs .* has 2"):
-        _check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=1.0), 0.5)
-    _check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=0.5), 0.5)  # fits: 1.5
+        check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=1.0), 0.5)
+    check_trial_fits(RayConfig(num_workers=2, num_cpus_per_worker=0.5), 0.5)  # fits: 1.5
 
 
 def test_a_trial_row_keeps_the_engines_per_round_clip_norm() -> None:

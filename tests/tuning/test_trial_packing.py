@@ -1,6 +1,6 @@
 """``tune.trials_per_gpu``: several trials share one GPU (issue 26), with Ray's fake GPUs.
 
-The arithmetic (:func:`tuning.experiment.pack_trials_per_gpu`) and what it is for: with
+The arithmetic (:func:`tuning.plan.pack_trials_per_gpu`) and what it is for: with
 the packed shares, exactly ``trials_per_gpu`` trials' placement groups fit on one GPU at
 once and one more does not, on a Ray instance that declares one (fake) GPU.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import ConfigError, load_config
-from tuning.experiment import TRIALS_PER_GPU, pack_trials_per_gpu, trial_bundles
+from tuning.plan import TRIALS_PER_GPU, pack_trials_per_gpu, trial_bundles
 
 
 def cfg(*overrides: str):

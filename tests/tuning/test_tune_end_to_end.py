@@ -13,12 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.privacy.accounting import (
-    SamplingSpec,
-    calibrate_noise_multiplier,
-    compute_epsilon,
-    default_delta,
-)
+from engine.privacy.accounting import SamplingSpec, compute_epsilon, default_delta
+from engine.privacy.resolve import calibrate_noise_multiplier
 from tuning.report import load_rounds, load_trials, write_report
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -37,7 +33,7 @@ def smoke_sweep(out: Path, num_samples: int, **kwargs) -> pd.DataFrame:
 
 def rows_on_disk(out: Path) -> int:
     """Rows in OUT/rounds while a sweep runs: one file per round, or one per trial once
-    it ended (tuning.trial.compact_trial); a file compacted away while listed is retried."""
+    it ended (tuning.rounds.compact_trial); a file compacted away while listed is retried."""
     import pyarrow.parquet as pq
 
     for _ in range(50):
@@ -167,7 +163,7 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
     trials (same sampled hyperparameters and seeds) and give bit-identical rows to
     actor trials. ``auto`` picks local for one worker."""
     from engine.config import ConfigError, RayConfig
-    from tuning.experiment import trial_bundles, trial_executor
+    from tuning.plan import trial_bundles, trial_executor
 
     frames = {}
     for where in ("ray", "local"):

@@ -13,14 +13,11 @@ import pytest
 from dp_accounting import dp_event, pld, rdp
 
 from engine.config import ConfigError
-from engine.privacy.accounting import (
-    EpsilonTracker,
-    SamplingSpec,
-    calibrate_noise_multiplier,
-)
+from engine.privacy.accounting import EpsilonTracker, SamplingSpec
+from engine.privacy.resolve import calibrate_noise_multiplier
 from tuning import selection
 from tuning.report import summary_table, write_report
-from tuning.trial import write_round
+from tuning.rounds import write_round
 
 N, Q, T, DELTA = 1000, 0.1, 60, 1e-5
 
@@ -222,7 +219,7 @@ def fake_experiment(out, mode: str, z: float, spec: SamplingSpec, accountant: st
                 "lr": lr,
             }
         )
-    from tuning.experiment import mark_released
+    from tuning.trials_table import mark_released
 
     frame = mark_released(pd.DataFrame(trials), "test_accuracy", mode, 8, 0.5)
     frame.to_parquet(out / "trials.parquet", index=False)

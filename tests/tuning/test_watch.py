@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tuning.trial import write_round
+from tuning.rounds import write_round
 from tuning.watch import LIVE_EPSILON_PNG, LIVE_ROUND_PNG, redraw, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
