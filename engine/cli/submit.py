@@ -186,7 +186,7 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
     local_config = config_path is None or Path(config_path).is_file()
     if ns.command == "tune":
         from engine.cli.parser import parse_floats as _floats
-        from engine.config import _set_path
+        from engine.config import set_path
         from tuning.experiment import SMOKE, read_tune_file
 
         _require_absolute("--out", ns.out)
@@ -195,7 +195,7 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
         tree, _ = read_tune_file(config_path) if local_config else ({}, {})
         if ns.smoke_test:
             for key, value in SMOKE.items():
-                _set_path(tree, key, value)
+                set_path(tree, key, value)
         load_config(base=tree, overrides=ns.set)
     elif ns.command == "compare":
         from engine.config.presets import read_preset

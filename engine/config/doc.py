@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from engine.config import DEFAULT_EPSILON, RunConfig
+from engine.config.schema import RunConfig
+from engine.config.sections import DEFAULT_EPSILON
 
 KEY_HELP: dict[str, str] = {
     "algorithm": "the recipe; one of `dpfl algorithms`, or custom (the recipe: section)",

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import ConfigError, _merge, read_yaml_mapping
+from engine.config.loading import merge_trees, read_yaml_mapping
+from engine.errors import ConfigError
 
 PRESET_KEY = "preset"
 SCALES = ("paper", "cpu")
@@ -67,7 +68,7 @@ class Preset:
                 f"--scale={scale!r}: {self.path} defines {', '.join(self.scales) or 'no'} scales"
             )
         body = {k: v for k, v in self.scales[scale].items() if k != "epsilons"}
-        return _merge(json.loads(json.dumps(self.common)), body)
+        return merge_trees(json.loads(json.dumps(self.common)), body)
 
     def scale_epsilons(self, scale: str) -> tuple[float, ...]:
         own = self.scales.get(scale, {}).get("epsilons")

@@ -20,7 +20,7 @@ from engine.config import (
     CUSTOM,
     ConfigError,
     RunConfig,
-    _merge,
+    merge_trees,
     config_from_dict,
     replace,
     with_algorithm,
@@ -64,7 +64,7 @@ def _row(config: RunConfig, label: str, variants: Variants | None, **changes: An
     diff = dict((variants or {}).get(label, {}))
     algorithm = str(diff.pop("algorithm", label))
     if diff:
-        config = config_from_dict(_merge(config.to_dict(), diff))
+        config = config_from_dict(merge_trees(config.to_dict(), diff))
     return PlannedRun(label, with_algorithm(config, algorithm, **changes))
 
 
