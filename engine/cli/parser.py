@@ -1,6 +1,6 @@
 """The ``dpfl`` argument parser and its value parsers, with no command behind them.
 
-:mod:`engine.cli` runs the commands (it maps ``args.command`` to a handler);
+:mod:`engine.cli.dispatch` runs the commands (it maps ``args.command`` to a handler);
 :mod:`engine.cli.submit` parses a job's ``dpfl ...`` entrypoint with the same parser to
 check it before submitting. Both import this module; neither imports the other at
 module level, and this module imports neither.
@@ -18,7 +18,7 @@ from engine.config import ConfigError
 TUNE_METRICS = ("test_accuracy", "personal_accuracy_nonprivate")
 #: Ray's console output goes to this file in the results folder (``--verbose`` shows it).
 RAY_LOG = "ray.log"
-#: The commands; :data:`engine.cli.HANDLERS` has one handler for each.
+#: The commands; :data:`engine.cli.dispatch.HANDLERS` has one handler for each.
 COMMANDS = ("run", "privacy", "compare", "tune", "report", "submit", "algorithms", "config")
 
 

@@ -40,14 +40,11 @@ from engine.data.federated import FederatedDataset
 from engine.federated.client import ClientWorker, LocalSpec, client_costs, owner_shard, shard_cohort
 from engine.federated.evaluation import combine_sums, eval_slices
 from engine.federated.server import Server, ServerSpec, is_eval_round
+from engine.runtime.switches import LOG_TO_DRIVER_ENV, QUIET_ENV
 from engine.telemetry import timeline
 from engine.telemetry.phases import OFF
 
 ACTOR_START_TIMEOUT_S = 180.0
-
-
-#: Set to "1" by ``dpfl ... -q``: the dashboard's address is not printed.
-QUIET_ENV = "DPFL_QUIET"
 
 
 def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float = 0.0) -> bool:
@@ -73,7 +70,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # The CLI sets DPFL_RAY_LOG_TO_DRIVER=0 unless --verbose: workers' output then stays
     # in Ray's session logs instead of the console.
-    log_to_driver = os.environ.get("DPFL_RAY_LOG_TO_DRIVER", "1") != "0"
+    log_to_driver = os.environ.get(LOG_TO_DRIVER_ENV, "1") != "0"
     kwargs: dict = {"log_to_driver": log_to_driver, "configure_logging": False}
     # Inside a Ray job (dpfl submit) Ray sets RAY_ADDRESS: attach, never start a new one.
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")

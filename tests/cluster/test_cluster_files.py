@@ -12,7 +12,7 @@ import pytest
 import ray
 import yaml
 
-from engine.cli import build_parser
+from engine.cli.parser import build_parser
 from engine.cli.submit import prepare_entrypoint, validate_dpfl_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -139,11 +139,11 @@ def test_overwrite_replaces_the_folder_and_its_stale_files(small_overrides, tmp_
 
 
 def test_default_folder_names_never_collide(tmp_path) -> None:
-    from engine.cli import _claim_out
+    from engine.cli.common import claim_out
 
     same = tmp_path / "results" / "20260101-000000-000000-dp_fedavg"  # one timestamp twice
-    first = _claim_out(same, overwrite=False, default=True)
-    second = _claim_out(same, overwrite=False, default=True)
+    first = claim_out(same, overwrite=False, default=True)
+    second = claim_out(same, overwrite=False, default=True)
     assert first != second and first.is_dir() and second.is_dir()
     assert list(first.iterdir()) == list(second.iterdir()) == []
 
@@ -245,7 +245,7 @@ def test_run_help_lists_the_config_keys(capsys) -> None:
 
 
 def test_privacy_help_describes_every_option() -> None:
-    from engine.cli import build_parser
+    from engine.cli.parser import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if hasattr(a, "choices") and a.choices)
@@ -296,7 +296,7 @@ def test_non_private_recipe_may_not_be_given_a_budget(capsys, small_overrides, t
 def test_compare_of_only_non_private_recipes_may_not_be_given_a_budget(capsys, tmp_path) -> None:
     import argparse
 
-    from engine.cli import _check_private
+    from engine.cli.common import check_private
 
     out = tmp_path / "cmp"
     argv = ["compare", "-a", "fedavg,fedsam", "--out", str(out)]
@@ -306,7 +306,7 @@ def test_compare_of_only_non_private_recipes_may_not_be_given_a_budget(capsys, t
     assert "\n" not in err and not out.exists()
     # a private recipe beside a non-private baseline uses the budget: no error
     given = argparse.Namespace(config=None, set=["privacy.epsilon=2"])
-    _check_private(["fedavg", "dp_fedavg"], given)
+    check_private(["fedavg", "dp_fedavg"], given)
 
 
 @pytest.mark.ray
@@ -388,7 +388,8 @@ def test_run_plan_checks_everything_and_writes_nothing(small_overrides, tmp_path
     """``dpfl run`` is plan (checks, no side effects) then execute: the plan holds the
     parsed seeds, the folder and the built data, and creates no folder; a bad value
     fails in the plan, before any folder exists."""
-    from engine.cli import _plan_run, build_parser
+    from engine.cli.parser import build_parser
+    from engine.cli.run import plan_run
 
     out = tmp_path / "r"
     argv = [
@@ -399,11 +400,11 @@ def test_run_plan_checks_everything_and_writes_nothing(small_overrides, tmp_path
         "3,4",
         *[a for k in small_overrides for a in ("--set", k)],
     ]
-    plan = _plan_run(build_parser().parse_args(argv))
+    plan = plan_run(build_parser().parse_args(argv))
     assert plan.seeds == [3, 4] and plan.out == out and not plan.default_out
     assert plan.dataset is not None and plan.dataset.num_clients == plan.config.dataset.num_clients
     assert not out.exists()
     bad = build_parser().parse_args([*argv, "--set", "sampling.rate=2"])
     with pytest.raises(Exception, match="sampling.rate"):
-        _plan_run(bad)
+        plan_run(bad)
     assert not out.exists()

@@ -203,7 +203,7 @@ class _nothing:
 
 
 def test_optuna_missing_fails_before_ray_and_folders(workdir, capsys, monkeypatch) -> None:
-    import engine.cli as cli
+    import engine.cli.tune as cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -148,7 +148,7 @@ def test_disk_full_writing_the_checkpoint_stops_resumable(tmp_path, capsys, monk
 
 def test_other_os_errors_keep_their_traceback(monkeypatch) -> None:
     """Only file-system errors a user fixes become one line; dpfl's own bugs do not."""
-    import engine.cli as cli
+    import engine.cli.dispatch as cli
 
     args = SimpleNamespace(command="run")
     assert cli._os_error(OSError(errno.ECONNREFUSED, "refused"), args) is None
@@ -228,8 +228,8 @@ def test_dashboard_line_only_without_q(monkeypatch, capsys, quiet) -> None:
 
 
 def test_q_sets_the_quiet_switch_only_while_the_command_runs(monkeypatch) -> None:
-    import engine.cli as cli
-    from engine.runtime.executors import QUIET_ENV
+    import engine.cli.dispatch as cli
+    from engine.runtime.switches import QUIET_ENV
 
     monkeypatch.delenv(QUIET_ENV, raising=False)
     seen = {}
@@ -245,7 +245,7 @@ def test_progress_bar_starts_after_the_executor(monkeypatch) -> None:
     built: the bar is created after it, so they never land on the bar's line."""
     import tqdm.auto
 
-    import engine.simulation as sim
+    import engine.simulation.runner as sim
     from engine.config import load_config
 
     events: list[str] = []
@@ -271,10 +271,10 @@ def test_raylet_warnings_go_to_ray_log(tmp_path, capsys) -> None:
     prints them to stdout whatever log_to_driver says: under dpfl they land in ray.log."""
     import ray._private.worker as ray_worker
 
-    from engine.cli import _quiet_ray
+    from engine.cli.common import quiet_ray
 
     before = ray_worker.print_to_stdstream
-    with _quiet_ray(tmp_path, verbose=False):
+    with quiet_ray(tmp_path, verbose=False):
         ray_worker.print_to_stdstream(
             {"lines": ["WARNING: 89 worker processes have been started"], "pid": "raylet"},
             ignore_prefix=False,

@@ -1,0 +1,262 @@
+"""What the ``dpfl`` commands share: reading the config a command was given, refusing
+privacy keys no algorithm would honour, the results folder (never overwritten unless
+``--overwrite``; default names claimed exclusively), the resource check before Ray
+starts, sending Ray's console output to ``ray.log``, and the one-line privacy summary."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.cli.parser import RAY_LOG
+from engine.config import ConfigError, RunConfig, load_config
+from engine.runtime.switches import LOG_TO_DRIVER_ENV
+
+#: The keys that promise privacy; a non-private recipe given one is an error.
+PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delta")
+
+
+def given_keys(path: str | None, overrides: list[str]) -> dict[str, Any]:
+    """The keys the user set (YAML file and ``--set``), dotted, with their values: the
+    tree ``load_config`` builds before filling in defaults."""
+    from engine.config import dotted_leaves, read_yaml_mapping, user_tree
+
+    # The file is read as a mapping (a paper preset too: compare checks its keys).
+    written = read_yaml_mapping(path) if path is not None else None
+    return dotted_leaves(user_tree(None, overrides, base=written))
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The config of ``--config``/``--set``, with ``--executor`` applied."""
+    config = load_config(args.config, args.set)
+    if getattr(args, "executor", None):
+        from engine.config import replace
+
+        config = replace(config, **{"ray.executor": args.executor})
+    return config
+
+
+def non_private(recipe_private: bool = True) -> set[str]:
+    """Algorithm names that add no noise (``custom`` when its recipe says private: false)."""
+    from engine.config import CUSTOM, NON_PRIVATE
+
+    return set(NON_PRIVATE) | (set() if recipe_private else {CUSTOM})
+
+
+def check_private(
+    algorithms: list[str], args: argparse.Namespace, recipe_private: bool = True
+) -> None:
+    """Privacy keys given where no algorithm is private: an error, not a silent no-op.
+
+    ``dpfl compare`` may mix private recipes with non-private baselines at one budget;
+    only when every algorithm would ignore ``privacy.epsilon`` & co. is it refused.
+    ``recipe_private``: the ``recipe.private`` of the config (for ``custom``)."""
+    if any(a not in non_private(recipe_private) for a in algorithms):
+        return
+    given = given_keys(args.config, args.set)
+    for key in PRIVACY_PROMISES:
+        if given.get(key) is not None:
+            which = (
+                f"algorithm={algorithms[0]} is"
+                if len(algorithms) == 1
+                else f"algorithms {','.join(algorithms)} are"
+            )
+            raise ConfigError(
+                f"{key}={given[key]!r}: {which} not private and would ignore it; "
+                "drop the key or choose a private algorithm (dpfl algorithms)"
+            )
+
+
+def default_out(name: str) -> Path:
+    """``results/<time to the microsecond>-<name>``: a command's default folder."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path("results") / f"{stamp}-{name}"
+
+
+def _holds_results(path: Path) -> bool:
+    """A file, or a folder with anything in it."""
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def check_out(path: Path, flag: str, overwrite: bool, resume: str | None = None) -> None:
+    """An existing results folder is kept unless --overwrite; checked before any work."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag}={str(path)!r}: is a file, not a folder")
+    if _holds_results(path) and not overwrite:
+        how = f"{resume} to continue it, or --overwrite" if resume else "--overwrite"
+        raise ConfigError(
+            f"{flag}={str(path)!r}: already holds results; pass {how} to replace it "
+            "(nothing was changed)"
+        )
+
+
+def claim_out(path: Path, overwrite: bool, default: bool) -> Path:
+    """Create the results folder. A default name is created exclusively (a suffix is
+    added rather than share a folder); ``overwrite`` removes the old folder first."""
+    if default:
+        candidate, n = path, 1
+        while True:
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:
+                n += 1
+                candidate = path.with_name(f"{path.name}-{n}")
+    if overwrite and path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def quiet_ray(
+    out: Path, verbose: bool, uses_ray: bool = True, defer: bool = False
+) -> Iterator[None]:
+    """Send Ray's console output to ``out/ray.log`` (unless ``verbose``).
+
+    Ray writes to the console three ways: Python log records (the ``ray`` logger, e.g.
+    its token-authentication notice), C++ log lines written straight to file
+    descriptor 2 by the driver's core worker (e.g. ``core_worker.cc ...
+    max_restarts``), and workers' output forwarded to the driver. The first is given a
+    file handler, the second is caught by pointing fd 2 at the log while Python's
+    ``sys.stderr`` (progress bars, warnings, errors) keeps the console, and the third
+    is turned off (:data:`LOG_TO_DRIVER_ENV`; workers' output stays in Ray's session
+    logs). When ``out`` does not exist yet, the log is kept in a temporary file and
+    appended to ``out/ray.log`` when the command ends, if ``out`` then exists; so it is
+    with ``defer`` (a resume whose checks run inside), and a command refused with a
+    ConfigError then leaves ``out`` untouched.
+    """
+    if verbose or not uses_ray:
+        yield
+        return
+    import logging
+    import tempfile
+
+    import ray  # noqa: F401 - its logger exists before it is redirected
+
+    tmp = None
+    refused = False
+    if out.is_dir() and not defer:
+        log = open(out / RAY_LOG, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    else:
+        fd, tmp = tempfile.mkstemp(prefix="dpfl-ray-", suffix=".log")
+        log = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+    log.write(
+        f"# dpfl {' '.join(sys.argv[1:])}: Ray's console output "
+        f"(workers' output: Ray's session logs, e.g. /tmp/ray/session_latest/logs)\n"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console_fd = os.dup(2)
+    old_stderr = sys.stderr
+    try:
+        real = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        real = False  # already redirected (e.g. captured by a test): leave it alone
+    os.dup2(log.fileno(), 2)
+    if real:
+        sys.stderr = open(  # noqa: SIM115
+            console_fd,
+            "w",
+            buffering=1,
+            closefd=False,
+            encoding=getattr(old_stderr, "encoding", None) or "utf-8",
+            errors="backslashreplace",
+        )
+    # ray.init(configure_logging=False) removes the "ray" logger's handlers, after which
+    # Ray's records reach logging.lastResort (the console): both go to the log.
+    ray_logger = logging.getLogger("ray")
+    handlers, propagate = ray_logger.handlers[:], ray_logger.propagate
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    ray_logger.handlers = [handler]
+    ray_logger.propagate = False
+    last_resort = logging.lastResort
+    logging.lastResort = handler
+    # The raylet's warnings (e.g. "worker processes were started ...") reach the driver
+    # through a thread that prints them, coloured, to sys.stdout whatever log_to_driver
+    # says (ray._private.worker.listen_error_messages): they go to the log too.
+    import ray._private.worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+
+    def to_log(data: dict, *_: Any, **__: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # the log closed under the thread
+            for line in data.get("lines", []):
+                log.write(f"({data.get('pid', 'ray')}) {line}\n")
+
+    if printer is not None:
+        ray_worker.print_to_stdstream = to_log
+    # Tune's new output engine prints an experiment box and TensorBoard hints to stdout
+    # even at verbose=0; the legacy engine at verbose=0 prints nothing.
+    quiet_env = {LOG_TO_DRIVER_ENV: "0", "RAY_AIR_NEW_OUTPUT": "0"}
+    env_before = {k: os.environ.get(k) for k in quiet_env}
+    os.environ.update(quiet_env)
+    try:
+        yield
+    except ConfigError:
+        refused = True
+        raise
+    finally:
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ray_logger.handlers = handlers
+        ray_logger.propagate = propagate
+        logging.lastResort = last_resort
+        if printer is not None:
+            ray_worker.print_to_stdstream = printer
+        sys.stderr.flush()
+        os.dup2(console_fd, 2)
+        if real:
+            sys.stderr = old_stderr
+        os.close(console_fd)
+        log.close()
+        if tmp is not None:
+            if out.is_dir() and not (refused and defer):
+                with (
+                    open(tmp, encoding="utf-8") as src,
+                    open(out / RAY_LOG, "a", encoding="utf-8") as dst,
+                ):
+                    shutil.copyfileobj(src, dst)
+            os.unlink(tmp)
+
+
+def shutdown_ray() -> None:
+    """Shut down the Ray this command started (no-op when none is up)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def privacy_line(p: dict) -> str:
+    """A run's privacy summary (its ``privacy`` dict) as one line."""
+    if not p["private"]:
+        return "not private (epsilon=inf)"
+    budget = f" (budget {p['target_epsilon']:g})" if p["target_epsilon"] else ""
+    return (
+        f"epsilon={p['final_epsilon']:.4g}{budget} at delta={p['delta']:.3g}, "
+        f"noise_multiplier={p['noise_multiplier']:.4g}, clip_norm={p['clip_norm']:g}, "
+        f"{p['sampling']} sampling q={p['sampling_rate']:.4g}, {p['accountant']} accountant"
+    )
+
+
+def check_resources(config: RunConfig, extra_cpus: float = 0.0) -> None:
+    """Workers x CPUs (and GPUs) per worker against what a local Ray would have, before
+    the data is built or Ray started (engine.runtime.resources.check_local_fit); skipped when
+    dpfl attaches to a cluster (ray.address or $RAY_ADDRESS), which is checked there."""
+    if config.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    from engine.runtime.resources import check_local_fit
+
+    check_local_fit(config.ray, extra_cpus)
