@@ -170,7 +170,7 @@ def _require_absolute(flag: str, value: str | None) -> None:
 def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace:
     """Check a ``dpfl`` entrypoint (its arguments without ``dpfl``) before submitting.
 
-    Parses with :func:`engine.cli.build_parser`, builds the configuration the command
+    Parses with :func:`engine.cli.parser.build_parser`, builds the configuration the command
     would build (so unknown keys and bad values fail here, naming the key), and checks
     that results go to an absolute path.
     """
@@ -187,7 +187,7 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
     if ns.command == "tune":
         from engine.cli.parser import parse_floats as _floats
         from engine.config import set_path
-        from tuning.experiment import SMOKE, read_tune_file
+        from tuning.plan import SMOKE, read_tune_file
 
         _require_absolute("--out", ns.out)
         parse_algorithms(ns.algorithms)
