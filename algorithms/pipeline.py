@@ -30,6 +30,7 @@ from algorithms.pieces.regularizers import blur_loss
 from algorithms.pieces.smoothing import smooth_flat
 from algorithms.pieces.sparsify import apply_mask, keep_topk, lus_sparsify, randk_mask
 from algorithms.pieces.steps import gradients, pgn_gradients, sam_gradients
+from engine.privacy.mechanism import GaussianMechanism
 
 Grads = list[torch.Tensor]
 
@@ -228,6 +229,8 @@ class GaussianPrivatizer:
     ``site="server"`` draws the noise once centrally; ``site="client"`` has each of
     the m (fixed) clients add N(0, (zC)²/m), which gives the same distribution of
     the sum. ``noise_support`` is ``"all"`` or ``"public_mask"`` (rand-k only).
+    Clipping, the noise std, its randomness, C_t and the DpEvent are the
+    :attr:`mechanism`'s (:class:`engine.privacy.mechanism.GaussianMechanism`).
     """
 
     clip_norm: float
@@ -238,31 +241,27 @@ class GaussianPrivatizer:
     #: ``clip_norm`` is then C_0 and the accounted z splits between the update sum
     #: (z_Δ, :attr:`update_noise_multiplier`) and the clipped-count release.
     adaptive: Any = None
+    #: the template mechanism of (C_0, z, site, adaptive); server and workers bind copies
+    mechanism: GaussianMechanism = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        ad = self.adaptive
-        if ad is not None and (
-            ad.noise_multiplier != self.noise_multiplier or ad.initial_clip != self.clip_norm
-        ):
-            raise ValueError(
-                f"adaptive clipping accounted for z={ad.noise_multiplier}, C0={ad.initial_clip}"
-                f" but the privatizer holds z={self.noise_multiplier}, C={self.clip_norm}"
-            )
+        mechanism = GaussianMechanism(
+            self.clip_norm, self.noise_multiplier, self.site, adaptive=self.adaptive
+        )
+        object.__setattr__(self, "mechanism", mechanism)
 
     @property
     def update_noise_multiplier(self) -> float:
         """The z that sizes the noise on the update sum: z_Δ under adaptive clipping
         (the clipped-count release spends the rest of the budget), else z itself."""
-        return self.adaptive.update_noise_multiplier if self.adaptive else self.noise_multiplier
+        return self.mechanism.update_noise_multiplier
 
     def dp_event(self, sampling):
         """The DpEvent of one round (engine.privacy.accounting.SamplingSpec sampling).
 
         Sensitivity of the clipped sum is C (add/remove; 2C under replace-one, which
         the event accounts for), so the round is a sampled Gaussian with z."""
-        from engine.privacy.accounting import round_event
-
-        return round_event(self.noise_multiplier, sampling)
+        return self.mechanism.dp_event(sampling)
 
 
 # ------------------------------------------------------------ server transforms
@@ -392,7 +391,7 @@ class Pipeline:
     @property
     def clip_norm(self) -> float:
         """C (C_0 under adaptive clipping); ``inf`` for a non-private recipe."""
-        return self.privatizer.clip_norm if self.privatizer is not None else math.inf
+        return self.privatizer.mechanism.clip_norm if self.privatizer is not None else math.inf
 
     def with_adaptive(self, adaptive: Any) -> Pipeline:
         """This pipeline with adaptive clipping's parameters on its privatizer (one

@@ -2,7 +2,7 @@
 
 Public API for notebooks::
 
-    from engine import load_config, simulate, epsilon, calibrate_noise
+    from engine import load_config, simulate, epsilon, calibrate_noise, calibrate_delta
     result = simulate(load_config(overrides=["rounds=20"]))
     result.rounds  # pandas DataFrame, one row per round
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from engine.simulation import SimulationResult
 
-__all__ = ["calibrate_noise", "epsilon", "load_config", "simulate", "RunConfig"]
+__all__ = ["calibrate_delta", "calibrate_noise", "epsilon", "load_config", "simulate", "RunConfig"]
 
 from engine.config import RunConfig, load_config
 
@@ -35,10 +35,9 @@ def epsilon(
     accountant: str = "rdp",
 ) -> float:
     """ε(σ, q, T, δ) of DP-FedAvg with Poisson sampling (add/remove one client)."""
-    from engine.privacy.accounting import SamplingSpec, compute_epsilon
-
-    spec = SamplingSpec("poisson", 10**9, rate=sampling_rate)
-    return compute_epsilon(noise_multiplier, spec, rounds, delta, accountant)
+    return _resolve(
+        sampling_rate, rounds, accountant, noise_multiplier=noise_multiplier, delta=delta
+    ).epsilon
 
 
 def calibrate_noise(
@@ -50,7 +49,30 @@ def calibrate_noise(
     accountant: str = "rdp",
 ) -> float:
     """σ(ε, δ, q, T): the smallest noise multiplier whose ε does not exceed the target."""
-    from engine.privacy.accounting import SamplingSpec, calibrate_noise_multiplier
+    return _resolve(
+        sampling_rate, rounds, accountant, epsilon=target_epsilon, delta=delta
+    ).noise_multiplier
+
+
+def calibrate_delta(
+    target_epsilon: float,
+    noise_multiplier: float,
+    sampling_rate: float,
+    rounds: int,
+    *,
+    accountant: str = "rdp",
+) -> float:
+    """δ(ε, σ, q, T): the smallest δ at which σ meets ε (the accountant's ε ≤ the target)."""
+    return _resolve(
+        sampling_rate, rounds, accountant, epsilon=target_epsilon, noise_multiplier=noise_multiplier
+    ).delta
+
+
+def _resolve(sampling_rate: float, rounds: int, accountant: str, **two: float):
+    """Two of (ε, δ, σ) → all three, by the one resolver (:mod:`engine.privacy.resolve`)
+    for Poisson sampling of a large population (its accounting does not depend on N)."""
+    from engine.privacy.accounting import SamplingSpec
+    from engine.privacy.resolve import resolve_privacy
 
     spec = SamplingSpec("poisson", 10**9, rate=sampling_rate)
-    return calibrate_noise_multiplier(target_epsilon, delta, spec, rounds, accountant)
+    return resolve_privacy(spec, rounds, accountant=accountant, **two)

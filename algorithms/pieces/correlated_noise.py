@@ -26,13 +26,14 @@ current decomposition) is server-internal and written to checkpoints, so release
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.privacy.banded_mf import BandedNoise
-from engine.privacy.tree_aggregation import OnlineTreeNoise, epoch_event
+from engine.privacy.mechanism import GaussianMechanism
+from engine.privacy.tree_aggregation import OnlineTreeNoise
 
 
 @dataclass(frozen=True)
@@ -48,44 +49,51 @@ class TreeAggregationPrivatizer:
     site: str = "server"
     noise_support: str = "all"
     adaptive: Any = None
+    #: clipping, each node's std z·C, its randomness and the epoch's DpEvent
+    mechanism: GaussianMechanism = field(init=False, repr=False, compare=False)
     #: the noise of round t is correlated with earlier rounds' (the server's own step)
     correlated = True
 
     def __post_init__(self) -> None:
-        if not self.clip_norm > 0:
-            raise ValueError(f"privacy.clip_norm={self.clip_norm!r} must be > 0")
-        if not self.noise_multiplier >= 0:
-            raise ValueError(f"noise multiplier {self.noise_multiplier!r} must be >= 0")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"algo.momentum={self.momentum!r} must be in [0, 1)")
-        if self.site != "server":
-            raise ValueError(
-                f"algo.noise_site={self.site!r}: correlated noise is added by the server"
-            )
-        if self.noise_support != "all":
-            raise ValueError(f"noise_support={self.noise_support!r}: correlated noise covers all d")
-        if self.adaptive is not None:
-            raise ValueError(
-                "privacy.clip_mode='adaptive' is not available with correlated noise (its "
-                "count release is not accounted with it); use privacy.clip_mode=fixed"
-            )
+        _check_correlated(self)
+        object.__setattr__(
+            self,
+            "mechanism",
+            GaussianMechanism(self.clip_norm, self.noise_multiplier, "server", correlation="tree"),
+        )
 
     @property
     def update_noise_multiplier(self) -> float:
-        return self.noise_multiplier
+        return self.mechanism.update_noise_multiplier
 
     def dp_event(self, sampling):
         """One epoch's tree (engine.privacy.accounting.SamplingSpec with mode
         ``epochs``): ``SingleEpochTreeAggregationDpEvent(z, ⌊N/m⌋)``."""
-        if sampling.mode != "epochs":
-            raise ValueError(
-                f"tree aggregation needs epoch participation, not {sampling.name} sampling"
-            )
-        return epoch_event(self.noise_multiplier, sampling.rounds_per_epoch)
+        return self.mechanism.dp_event(sampling)
 
     def server_state(self, sampling, server_lr: float):
         """The server's DP-FTRLM state for a run (``sampling``: mode ``epochs``)."""
         return TreeFTRL(self, sampling.rounds_per_epoch, sampling.denominator, server_lr)
+
+
+def _check_correlated(self: Any) -> None:
+    """What correlated noise refuses: C ≤ 0, z < 0, momentum outside [0, 1), client
+    noise, a restricted support and adaptive clipping."""
+    if not self.clip_norm > 0:
+        raise ValueError(f"privacy.clip_norm={self.clip_norm!r} must be > 0")
+    if not self.noise_multiplier >= 0:
+        raise ValueError(f"noise multiplier {self.noise_multiplier!r} must be >= 0")
+    if not 0 <= self.momentum < 1:
+        raise ValueError(f"algo.momentum={self.momentum!r} must be in [0, 1)")
+    if self.site != "server":
+        raise ValueError(f"algo.noise_site={self.site!r}: correlated noise is added by the server")
+    if self.noise_support != "all":
+        raise ValueError(f"noise_support={self.noise_support!r}: correlated noise covers all d")
+    if self.adaptive is not None:
+        raise ValueError(
+            "privacy.clip_mode='adaptive' is not available with correlated noise (its "
+            "count release is not accounted with it); use privacy.clip_mode=fixed"
+        )
 
 
 class TreeFTRL:
@@ -172,28 +180,35 @@ class BandedMFPrivatizer:
     site: str = "server"
     noise_support: str = "all"
     adaptive: Any = None
+    #: clipping, each row's std z·C, its randomness and the run's DpEvent
+    mechanism: GaussianMechanism = field(init=False, repr=False, compare=False)
     correlated = True
 
     def __post_init__(self) -> None:
-        TreeAggregationPrivatizer.__post_init__(self)  # type: ignore[arg-type]
+        _check_correlated(self)
         if not self.bands >= 1:
             raise ValueError(f"algo.bands={self.bands!r} must be >= 1")
+        object.__setattr__(
+            self,
+            "mechanism",
+            GaussianMechanism(
+                self.clip_norm, self.noise_multiplier, "server", correlation="banded"
+            ),
+        )
 
     @property
     def update_noise_multiplier(self) -> float:
-        return self.noise_multiplier
+        return self.mechanism.update_noise_multiplier
 
     def dp_event(self, sampling):
         """The whole run: one Gaussian mechanism with multiplier z / sens
         (engine.privacy.accounting.banded_event, for SamplingSpec mode ``bands``)."""
-        from engine.privacy.accounting import banded_event
-
         if sampling.mode != "bands" or sampling.bands != self.bands:
             raise ValueError(
                 f"banded noise with {self.bands} bands needs b-min-separation with the same "
                 f"bands, not {sampling.name} sampling"
             )
-        return banded_event(self.noise_multiplier, sampling, sampling.horizon)
+        return self.mechanism.dp_event(sampling)
 
     def server_state(self, sampling, server_lr: float):
         """The server's state for a run (``sampling``: mode ``bands``)."""

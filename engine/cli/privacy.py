@@ -13,13 +13,8 @@ from engine.config import ConfigError
 def privacy_command(args: argparse.Namespace) -> int:
     """``dpfl privacy``: calibrate sigma for ``--epsilon`` or account ``--noise-multiplier``."""
     from engine.config import DatasetConfig
-    from engine.privacy.accounting import (
-        CalibrationError,
-        SamplingSpec,
-        calibrate_noise_multiplier,
-        compute_epsilon,
-        default_delta,
-    )
+    from engine.privacy.accounting import SamplingSpec, default_delta
+    from engine.privacy.resolve import resolve_privacy
 
     if args.cohort_size is None and args.sampling_rate is None:
         raise ConfigError("--sampling-rate is required (or --cohort-size with --num-clients)")
@@ -46,15 +41,18 @@ def privacy_command(args: argparse.Namespace) -> int:
             spec = SamplingSpec(
                 "poisson", num_clients, rate=args.sampling_rate, max_cohort=args.max_cohort
             )
-        accountant = args.accountant or spec.default_accountant()
-        spec.check_accountant(accountant)
-        if args.epsilon is not None:
-            z = calibrate_noise_multiplier(args.epsilon, delta, spec, args.rounds, accountant)
-        else:
-            z = args.noise_multiplier
-        eps = compute_epsilon(z, spec, args.rounds, delta, accountant)
-    except (CalibrationError, ValueError) as e:
+        z_given = args.noise_multiplier if args.epsilon is None else None
+        r = resolve_privacy(  # the one resolver of (epsilon, delta, z): engine.privacy.resolve
+            spec,
+            args.rounds,
+            epsilon=args.epsilon,
+            delta=delta,
+            noise_multiplier=z_given,
+            accountant=args.accountant,
+        )
+    except ValueError as e:  # CalibrationError included
         raise ConfigError(str(e)) from None
+    z, eps, accountant = r.noise_multiplier, r.epsilon, r.accountant
     if spec.mode == "fixed":  # the warning runs give (engine.simulation), as one line
         print(
             "dpfl: warning: sampling.mode=fixed is accounted under replace-one adjacency with "

@@ -38,7 +38,8 @@ from engine.federated.worker_model import (
     resolve_worker_device,
 )
 from engine.privacy import rng as rngs
-from engine.privacy.mechanisms import add_float64_, clip_update, gaussian_noise
+from engine.privacy.mechanism import GaussianMechanism
+from engine.privacy.mechanisms import add_float64_, clip_update
 from engine.telemetry.phases import OFF, PhaseTimer, timed
 
 
@@ -163,6 +164,14 @@ class ClientWorker:
         self.dataset = dataset
         self.spec = spec
         self.pipeline = spec.pipeline
+        priv = spec.pipeline.privatizer
+        #: this worker's mechanism (clips with the round's C_t, draws client-side noise
+        #: from the seeded or secure stream); None for a non-private recipe
+        self.mechanism: GaussianMechanism | None = (
+            priv.mechanism.bind(rngs.Randomness(spec.seed, spec.secure))
+            if priv is not None
+            else None
+        )
         self.device = resolve_worker_device(spec.device)
         if self.device.type == "cuda":
             configure_cuda_numerics()
@@ -274,31 +283,25 @@ class ClientWorker:
         ctx = self.public_context(rnd, public)
         total = torch.zeros(global_flat.numel(), dtype=torch.float64, device=self.device)
         out = PartialSum(update_sum=np.zeros(0), num_clients=0)
-        priv = self.pipeline.privatizer
-        client_noise = priv is not None and priv.site == "client"
+        mech = self.mechanism
+        client_noise = mech is not None and mech.site == "client"
         # where client noise goes (public, per round); unused without client noise
         support = self.noise_support(ctx) if client_noise else torch.ones(0)
         clients = np.asarray(clients, dtype=np.int64)
         lr = round_lr(self.spec.lr, self.spec.lr_decay, rnd)
-        # C_t: the round's public clip norm under adaptive clipping, else the fixed C.
-        clip = float((public or {}).get("clip_norm", self.pipeline.clip_norm))
-        # z_Δ under adaptive clipping (the count release spends the rest of the budget), else z.
-        z_noise = priv.update_noise_multiplier if priv is not None else 0.0
+        if mech is not None:  # C_t: the round's public clip norm (adaptive), else C_0
+            mech.follow(public)
         trained = self.trainer.train(global_flat, rnd, clients, ctx)
         for res in timed(trained, self.timer, "local_training"):
             delta = self._update(res, global_flat, lr, ctx)
-            update = clip_update(delta, clip)
+            # non-private recipes only sanitise (C = inf), for the same diagnostics
+            update = mech.clip(delta) if mech is not None else clip_update(delta, math.inf)
             out.max_clipped_norm = max(out.max_clipped_norm, update.out_norm)
             if client_noise:
-                std = z_noise * clip / math.sqrt(self.spec.denominator)
-                source = (
-                    rngs.SecureRandom()
-                    if self.spec.secure
-                    else rngs.torch_gen(self.spec.seed, rngs.NOISE, rnd, res.client + 1)
-                )
-                # drawn on the CPU: the same on every device
-                noise = gaussian_noise(delta.numel(), std, source).to(self.device)
-                total += update.update.double() + noise * support
+                assert mech is not None
+                # N(0, (z_Δ·C_t)²/m) drawn on the CPU: the same on every device
+                noise = mech.client_noise(delta.numel(), rnd, res.client, self.spec.denominator)
+                total += update.update.double() + noise.to(self.device) * support
             else:
                 add_float64_(total, update.update)  # promoted to float64 element-wise
             out.num_clients += 1

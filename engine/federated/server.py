@@ -14,6 +14,9 @@ Privacy (docs/algorithms.md §0–1), for DP-FedAvg:
 * ``secure`` (``privacy.secure_noise``, release mode): the cohort and the noise come
   from the OS CSPRNG (:class:`engine.privacy.rng.SecureRandom`) instead of the seeded
   streams, so nothing recorded regenerates them (see :mod:`engine.privacy.rng`).
+* Clipping norm C_t, noise std, the noise's randomness and the DpEvent belong to the
+  server's :class:`engine.privacy.mechanism.GaussianMechanism` (bound from the
+  recipe's privatizer); the server only adds what it draws and divides.
 * The accountant composes exactly one event per completed round; the ε recorded for
   round t is the cumulative ε after t rounds, computed by dp-accounting.
 
@@ -45,7 +48,7 @@ from engine.federated.worker_model import (
 from engine.privacy import banded_mf, tree_aggregation
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
-from engine.privacy.mechanisms import privatize_sum, server_noise
+from engine.privacy.mechanism import GaussianMechanism
 from engine.telemetry.phases import OFF
 
 
@@ -176,8 +179,14 @@ class Server:
         self.weights = flatten_params(self.model)  # float32 (d,)
         self.shapes = [tuple(p.shape) for p in self.model.parameters() if p.requires_grad]
         self.pipeline = spec.pipeline
-        self.privatizer = spec.pipeline.privatizer  # C, z, z_Δ and the DpEvent: one object
-        self.adaptive = self.privatizer.adaptive if self.privatizer is not None else None
+        self.privatizer = spec.pipeline.privatizer
+        #: the server's own mechanism: C_0 and C_t, z and z_Δ, the noise's randomness
+        #: (seeded or secure) and the DpEvent; None for a non-private recipe
+        self.mechanism: GaussianMechanism | None = (
+            self.privatizer.mechanism.bind(rngs.Randomness(spec.seed, spec.secure))
+            if self.privatizer is not None
+            else None
+        )
         self.head_mask = (
             personal_mask(self.model, self.pipeline.personal.layers)
             if self.pipeline.personal is not None
@@ -203,16 +212,13 @@ class Server:
             else None
         )
         self.rounds_done = 0
-        # The round's clip norm C_t: fixed, or adaptive from C_0 (public, from released
-        # counts); inf for a non-private recipe.
-        self.clip_norm = spec.pipeline.clip_norm
         self.audit = None
         if spec.audit is not None:
-            from engine.privacy.audit import CanaryAudit
+            from engine.privacy.audit import make_audit  # correlated noise: its own audit
 
-            self.audit = CanaryAudit(spec.audit, self.weights)
-        #: (round, z, C_t, noise) drawn by :meth:`prepare_noise` while the round trained
-        self._noise: tuple[int, float, float, torch.Tensor] | None = None
+            self.audit = make_audit(spec.audit, self.weights, priv, spec.sampling)
+        #: (round, C_t, noise) drawn by :meth:`prepare_noise` while the round trained
+        self._noise: tuple[int, float, torch.Tensor] | None = None
         self.timer = OFF  # engine.telemetry.phases: a benchmark's PhaseTimer, else records nothing
 
     def dim(self) -> int:
@@ -225,7 +231,7 @@ class Server:
             "weights": self.weights.numpy().copy(),
             "g_tilde": None if self.g_tilde is None else self.g_tilde.numpy().copy(),
             "rounds_done": self.rounds_done,
-            "clip_norm": self.clip_norm,
+            "clip_norm": self.clip_norm,  # C_t (the mechanism's), inf for a non-private run
             "audit": None if self.audit is None else self.audit.state_dict(),
             **({} if self.correlated is None else {"correlated": self.correlated.state_dict()}),
         }
@@ -235,7 +241,8 @@ class Server:
         g = state.get("g_tilde")
         self.g_tilde = None if g is None else torch.from_numpy(np.array(g, dtype=np.float32))
         self.rounds_done = int(state["rounds_done"])
-        self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        if self.mechanism is not None:
+            self.mechanism.load_state_dict(state)
         if self.audit is not None and state.get("audit") is not None:
             self.audit.load_state_dict(state["audit"])
         if self.correlated is not None:
@@ -253,8 +260,8 @@ class Server:
             cohort = sample_cohort(
                 self.spec.sampling, self.spec.seed, rnd, self.spec.secure, self.on_demand
             )
-        if self.adaptive is not None:
-            public["clip_norm"] = self.clip_norm  # C_t: clients clip (and count) with it
+        if self.mechanism is not None:  # C_t under adaptive clipping: clients clip with it
+            public.update(self.mechanism.public_state())
         return cohort, self.weights.numpy(), public
 
     def noise_support(self, rnd: int) -> torch.Tensor | None:
@@ -268,24 +275,17 @@ class Server:
 
         return self.pipeline.noise_support(self.head_mask, randk_mask)
 
-    def _draw_noise(self, rnd: int, z: float, clip: float) -> torch.Tensor:
-        """Round ``rnd``'s server noise N(0, (z·C)² I) on its support, from the round's
-        own stream (keyed by (seed, round)) or, in release mode, the OS CSPRNG."""
-        spec = self.spec
-        return server_noise(
-            self.dim(),
-            noise_multiplier=z,
-            clip_norm=clip,
-            generator=(
-                rngs.SecureRandom() if spec.secure else rngs.torch_gen(spec.seed, rngs.NOISE, rnd)
-            ),
-            support=self.noise_support(rnd),
-        )
+    @property
+    def clip_norm(self) -> float:
+        """C_t, the clip norm of the coming round (the mechanism's: C_0 under fixed
+        clipping, moved by released counts under adaptive clipping); inf without privacy."""
+        return self.mechanism.clip_t if self.mechanism is not None else math.inf
 
-    def _round_noise_multiplier(self) -> float:
-        priv = self.pipeline.privatizer
-        assert priv is not None  # only private recipes add server noise
-        return priv.update_noise_multiplier if priv.site == "server" else 0.0
+    def _draw_noise(self, rnd: int) -> torch.Tensor:
+        """Round ``rnd``'s server noise on its support, from the mechanism (std z_Δ·C_t;
+        the round's seeded stream or, in release mode, the OS CSPRNG)."""
+        assert self.mechanism is not None  # only private recipes add server noise
+        return self.mechanism.server_noise(self.dim(), rnd, self.noise_support(rnd))
 
     def prepare_noise(self, rnd: int) -> None:
         """Draw round ``rnd``'s server noise now, after :meth:`begin_round` and while the
@@ -294,11 +294,10 @@ class Server:
         z, the round's public C_t, its stream and its public support, all fixed when the
         round begins; the values are those :meth:`finish_round` would draw itself
         (bit-identical), and it is still added exactly once, to this round's sum."""
-        if self.pipeline.privatizer is None or rnd != self.rounds_done:
+        if self.mechanism is None or rnd != self.rounds_done:
             return
-        z, clip = self._round_noise_multiplier(), self.clip_norm
         with self.timer.phase("noise_draw_ahead"):
-            self._noise = (rnd, z, clip, self._draw_noise(rnd, z, clip))
+            self._noise = (rnd, self.mechanism.clip_t, self._draw_noise(rnd))
 
     def finish_round(self, rnd: int, *partials: PartialSum, evaluate: bool = True) -> dict:
         """Aggregate the shards' partial sums, privatise, post-process, update, account.
@@ -311,26 +310,19 @@ class Server:
         with self.timer.phase("reduce"):
             total = reduce_partials(list(partials), self.dim())
         summed = torch.from_numpy(total.update_sum)
-        priv = pipe.privatizer
+        mech = self.mechanism
         clip_t = self.clip_norm  # C_t bounded this round's sensitivity; size noise with it
         if self.audit is not None:  # canary clients' clipped updates join the sum
             summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
         t_update = time.perf_counter()
-        if priv is not None:
-            z = self._round_noise_multiplier()
+        if mech is not None:
             ahead, self._noise = self._noise, None
-            if ahead is not None and ahead[:3] == (rnd, z, clip_t):
-                noise = ahead[3]
+            if ahead is not None and ahead[:2] == (rnd, clip_t):
+                noise = ahead[2]
             else:
                 with self.timer.phase("noise_draw"):
-                    noise = self._draw_noise(rnd, z, clip_t)
-            avg = privatize_sum(
-                summed,
-                noise_multiplier=z,
-                clip_norm=clip_t,
-                denominator=spec.sampling.denominator,
-                noise=noise,
-            )
+                    noise = self._draw_noise(rnd)
+            avg = mech.privatize(summed, noise, spec.sampling.denominator)
         else:
             avg = summed / total.num_clients if total.num_clients else torch.zeros_like(summed)
         lr = round_lr(spec.local_lr, spec.lr_decay, rnd)
@@ -352,8 +344,10 @@ class Server:
         self.rounds_done = rnd + 1
         n = total.num_clients
         extra: dict = {}
-        if self.adaptive is not None:
-            extra = self._adapt_clip_norm(rnd, total)
+        if mech is not None and mech.adaptive is not None:
+            # Only real clients report b_i (canaries do not). The row's ``clip_norm`` is
+            # the C_t used in this round; it and b̃ are public (derived from releases).
+            extra = mech.release_count(rnd, total.num_clients, total.num_clipped)
         if self.audit is not None:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
         if self.correlated is not None:
@@ -383,31 +377,6 @@ class Server:
         if spec.membership_inference:
             row["mia_auc_nonprivate"] = mia
         return row
-
-    def _adapt_clip_norm(self, rnd: int, total: PartialSum) -> dict:
-        """Release the centred count of round ``rnd`` (clipped with C_t) and move to C_{t+1}.
-
-        Only real clients report b_i (canaries do not). The row's ``clip_norm`` is the
-        C_t used in this round; both it and b̃ are public (derived from releases)."""
-        from engine.privacy.adaptive_clip import centred_count, next_clip_norm, release_count
-
-        ad = self.adaptive
-        assert ad is not None  # called only under adaptive clipping
-        released = release_count(
-            centred_count(total.num_clients, total.num_clipped),
-            ad.count_stddev,
-            (
-                rngs.SecureRandom()
-                if self.spec.secure
-                else rngs.torch_gen(self.spec.seed, rngs.CLIP_COUNT, rnd)
-            ),
-        )
-        used = self.clip_norm
-        self.clip_norm = next_clip_norm(ad, used, released)
-        return {
-            "clip_norm": used,
-            "unclipped_fraction_released": released / ad.expected_cohort + 0.5,
-        }
 
     def is_eval_round(self, rnd: int) -> bool:
         return is_eval_round(rnd, self.spec.eval_every, self.spec.rounds)

@@ -1,4 +1,4 @@
-"""Client-level privacy accounting with ``dp-accounting``: ε(σ) and σ(ε).
+"""Client-level privacy accounting with ``dp-accounting``: the DpEvents and ε(σ).
 
 Unit of privacy: one client (all of its data). The neighbouring relation follows
 the sampling actually used:
@@ -22,9 +22,8 @@ the sampling actually used:
   Gaussian mechanism with multiplier z / sens, sens the strategy's sensitivity.
 
 ε is never assumed: every figure comes from the event built from the noise
-multiplier, sampling and number of rounds actually used. Calibration searches z
-with the same event and then re-checks at reporting precision so the achieved ε
-never exceeds the target.
+multiplier, sampling and number of rounds actually used. Turning a budget into z (or
+δ) is :mod:`engine.privacy.resolve`'s, with the same events.
 """
 
 from __future__ import annotations
@@ -45,13 +44,7 @@ from engine.privacy import tree_aggregation as tree
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 PLD_REPORT_DISCRETIZATION = 1e-4
-PLD_CALIBRATION_DISCRETIZATION = 1e-3
-Z_BRACKET = (1e-2, 500.0)
 PLD_MIN_Z = 0.3  # below this a PLD needs gigabytes; use RDP there
-
-
-class CalibrationError(ValueError):
-    """The target ε cannot be met (or σ cannot be found) for the given settings."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +200,17 @@ def banded_event(noise_multiplier: float, spec: SamplingSpec, rounds: int) -> dp
     return banded_mf.gaussian_event(noise_multiplier, banded_mf.sensitivity(c, rounds, bands))
 
 
+def unit_event(noise_multiplier: float, spec: SamplingSpec) -> dp_accounting.DpEvent:
+    """The event :class:`EpsilonTracker` composes: one round's, one epoch's tree under
+    ``epochs``, or the whole planned strategy under ``bands``."""
+    if spec.mode == "epochs":
+        return tree.epoch_event(noise_multiplier, spec.rounds_per_epoch)
+    if spec.mode == "bands":
+        assert spec.horizon is not None
+        return banded_event(noise_multiplier, spec, spec.horizon)
+    return round_event(noise_multiplier, spec)
+
+
 def make_accountant(
     accountant: str, spec: SamplingSpec, discretization: float = PLD_REPORT_DISCRETIZATION
 ) -> dp_accounting.PrivacyAccountant:
@@ -291,97 +295,6 @@ def compute_epsilon(
     return float(acc.get_epsilon(delta))
 
 
-def calibrate_noise_multiplier(
-    target_epsilon: float,
-    delta: float,
-    spec: SamplingSpec,
-    rounds: int,
-    accountant: str = "rdp",
-    tol: float = 1e-4,
-) -> float:
-    """Smallest z (to ``tol``) whose ε after ``rounds`` rounds is ≤ ``target_epsilon``.
-
-    The answer of an earlier search with the same inputs is remembered
-    (:mod:`engine.privacy.calibration_store`) and reused only after the accountant
-    confirms, at reporting precision, that it meets the target.
-
-    Raises:
-        CalibrationError: if even z = 500 exceeds the target (unreachable budget).
-    """
-    spec.check_accountant(accountant)
-    if target_epsilon <= 0:
-        raise CalibrationError(f"privacy.epsilon={target_epsilon} must be > 0")
-    key = calibration_store.calibration_key(
-        target_epsilon=float(target_epsilon),
-        delta=float(delta),
-        spec=spec,
-        rounds=int(rounds),
-        accountant=accountant,
-        tol=float(tol),
-        bracket=list(Z_BRACKET),
-        discretization=[PLD_CALIBRATION_DISCRETIZATION, PLD_REPORT_DISCRETIZATION],
-        pld_min_z=PLD_MIN_Z,
-    )
-    hint = calibration_store.recall(key)
-    if hint is not None and (
-        compute_epsilon(hint, spec, rounds, delta, accountant, PLD_REPORT_DISCRETIZATION)
-        <= target_epsilon
-    ):
-        return hint
-    z = _search_noise_multiplier(target_epsilon, delta, spec, rounds, accountant, tol)
-    calibration_store.remember(key, z)
-    return z
-
-
-def _search_noise_multiplier(
-    target_epsilon: float,
-    delta: float,
-    spec: SamplingSpec,
-    rounds: int,
-    accountant: str,
-    tol: float,
-) -> float:
-    """The root search behind :func:`calibrate_noise_multiplier` (nothing remembered)."""
-    lo, hi = Z_BRACKET
-    disc = PLD_CALIBRATION_DISCRETIZATION
-    if accountant == "pld":
-        # PLD at tiny z needs enormous memory; RDP's z (an upper bound on PLD's, found
-        # cheaply) brackets the search from below.
-        hint_spec = SamplingSpec(spec.mode, spec.num_clients, spec.rate, spec.cohort_size)
-        z_rdp = calibrate_noise_multiplier(target_epsilon, delta, hint_spec, rounds, "rdp", tol)
-        lo = max(PLD_MIN_Z, 0.5 * z_rdp)
-
-    def eps_at(z: float, d: float = disc) -> float:
-        return compute_epsilon(z, spec, rounds, delta, accountant, d)
-
-    eps_hi = eps_at(hi)
-    if eps_hi > target_epsilon:
-        raise CalibrationError(
-            f"privacy.epsilon={target_epsilon} is unreachable in rounds={rounds} with "
-            f"{spec.name} sampling (rate {spec.effective_rate:.4g}, delta={delta:.3g}): even "
-            f"noise multiplier {hi} gives epsilon={eps_hi:.4g}"
-        )
-    if eps_at(lo) <= target_epsilon:
-        z = lo
-    else:
-        z = float(
-            dp_accounting.calibrate_dp_mechanism(
-                lambda: make_accountant(accountant, spec, disc),
-                lambda z: run_event(z, spec, rounds),
-                target_epsilon,
-                delta,
-                bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
-                tol=tol,
-            )
-        )
-    # Re-check at reporting precision; never overshoot the target.
-    for _ in range(50):
-        if eps_at(z, PLD_REPORT_DISCRETIZATION) <= target_epsilon:
-            return z
-        z *= 1.0 + tol
-    raise CalibrationError(f"could not calibrate privacy.epsilon={target_epsilon}")
-
-
 class EpsilonTracker:
     """Cumulative ε after each round, cheap enough to record every round.
 
@@ -398,23 +311,15 @@ class EpsilonTracker:
         accountant: str,
         event: dp_accounting.DpEvent | None = None,
     ) -> None:
-        """``event`` is one round's DpEvent, e.g. the run's privatizer's ``dp_event``
-        (the server passes it, so the mechanism that noises is the one accounted);
-        default: :func:`round_event` of ``noise_multiplier``."""
+        """``event`` is the run's mechanism's ``dp_event`` (the server passes it, so the
+        mechanism that noises is the one accounted); default: :func:`unit_event`."""
         spec.check_accountant(accountant)
         self.noise_multiplier = float(noise_multiplier)
         self.spec = spec
         self.delta = float(delta)
         self.accountant = accountant
-        if event is None:
-            if spec.mode == "epochs":
-                event = tree.epoch_event(self.noise_multiplier, spec.rounds_per_epoch)
-            elif spec.mode == "bands":
-                assert spec.horizon is not None
-                event = banded_event(self.noise_multiplier, spec, spec.horizon)
-            else:
-                event = round_event(self.noise_multiplier, spec)
-        self.event = event  # under epochs: one epoch's tree, composed per epoch
+        # under epochs: one epoch's tree, composed per epoch
+        self.event = unit_event(self.noise_multiplier, spec) if event is None else event
         self._orders: np.ndarray | None = None
         self._rdp1: np.ndarray | None = None
         self._pld1: Any = None  # one-round PLD, self-composed per query

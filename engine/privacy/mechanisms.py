@@ -1,4 +1,7 @@
-"""The Gaussian mechanism on client updates: sanitise, clip, noise — pure functions.
+"""The Gaussian mechanism's pure functions: sanitise, clip, draw Gaussian noise.
+
+:class:`engine.privacy.mechanism.GaussianMechanism` calls them with the run's C_t,
+noise std and randomness; nothing else in dpfl sizes noise.
 
 Privacy assumptions (docs/algorithms.md §0):
 
@@ -161,70 +164,3 @@ def gaussian_noise(
     if isinstance(generator, SecureRandom):
         return torch.from_numpy(generator.standard_normal(size)).to(dtype) * std
     return torch.randn(size, generator=generator, dtype=dtype) * std
-
-
-def server_noise(
-    size: int,
-    *,
-    noise_multiplier: float,
-    clip_norm: float,
-    generator: torch.Generator | SecureRandom,
-    support: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The noise :func:`privatize_sum` adds: N(0, (zC)² I) in float64 from ``generator``
-    (drawn even when z = 0, so the stream position is the same for every z), times the
-    public ``support``. It depends on no data, only on (z, C_t, the round's stream and
-    support), so a server may draw it while the round's clients train and pass it to
-    :func:`privatize_sum` (``noise=``): the same values, off the critical path."""
-    if noise_multiplier > 0:
-        if not math.isfinite(clip_norm):
-            raise ValueError("noise with an infinite clip norm has no privacy meaning")
-        noise = gaussian_noise(size, noise_multiplier * clip_norm, generator)
-    else:
-        # Draw anyway so the noise stream position is the same for every z.
-        noise = gaussian_noise(size, 0.0, generator)
-    if support is not None:
-        noise = noise * support.to(noise.dtype)
-    return noise
-
-
-def privatize_sum(
-    clipped_sum: torch.Tensor,
-    *,
-    noise_multiplier: float,
-    clip_norm: float,
-    denominator: float,
-    generator: torch.Generator | SecureRandom | None = None,
-    support: torch.Tensor | None = None,
-    noise: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """(Σ clipped Δ_i + N(0, (zC)² I)) / denominator, computed in float64.
-
-    Args:
-        clipped_sum: Sum of updates each clipped to ``clip_norm`` (sensitivity C).
-        noise_multiplier: z; the noise std is z·C.
-        clip_norm: C. Must be finite when z > 0.
-        denominator: A public constant (m, or q·N for Poisson sampling).
-        generator: The round's noise stream, or a :class:`SecureRandom` (required
-            unless ``noise`` is given).
-        support: Optional 0/1 multiplier restricting where noise lands. It must be
-            public (a rand-k mask from the run's seed, or the shared/personal split):
-            a data-dependent support would reveal the data (docs/algorithms.md §0 rule 4).
-        noise: :func:`server_noise` of the same arguments, drawn ahead (while the
-            round trained); ``generator`` and ``support`` are then not used.
-    """
-    if denominator <= 0:
-        raise ValueError(f"denominator={denominator} must be > 0")
-    total = clipped_sum.double()
-    if noise is None:
-        if generator is None:
-            raise ValueError("privatize_sum needs a generator or the noise drawn ahead")
-        noise = server_noise(
-            total.numel(),
-            noise_multiplier=noise_multiplier,
-            clip_norm=clip_norm,
-            generator=generator,
-            support=support,
-        )
-    total = total + noise
-    return total / denominator

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,6 +66,29 @@ def torch_gen(seed: int, *key: int, device: str | torch.device = "cpu") -> torch
 def randomness_mode(secure: bool) -> str:
     """The ``randomness`` label of a run: ``secure`` or ``seeded-simulation``."""
     return SECURE if secure else SEEDED_SIMULATION
+
+
+@dataclass(frozen=True)
+class Randomness:
+    """The run's switch between seeded and secure noise (``privacy.secure_noise``): the
+    one place that decides where a draw that hides data comes from.
+
+    ``stream(*key)`` is the seeded stream keyed by (seed, *key) in the simulation
+    mode, and a fresh :class:`SecureRandom` (OS entropy, nothing recorded, ``key``
+    unused) in release mode. The privacy mechanism
+    (:class:`engine.privacy.mechanism.GaussianMechanism`) draws every noise value of a
+    round from it: the update sum's noise, client-side noise and adaptive clipping's
+    count noise."""
+
+    seed: int
+    secure: bool = False
+
+    @property
+    def mode(self) -> str:
+        return randomness_mode(self.secure)
+
+    def stream(self, *key: int) -> torch.Generator | SecureRandom:
+        return SecureRandom() if self.secure else torch_gen(self.seed, *key)
 
 
 class SecureRandom:

@@ -10,13 +10,8 @@ from typing import Any
 from algorithms.recipes import participation
 from engine.config import ConfigError, RunConfig
 from engine.privacy import rng as rngs
-from engine.privacy.accounting import (
-    CalibrationError,
-    SamplingSpec,
-    calibrate_noise_multiplier,
-    compute_epsilon,
-    default_delta,
-)
+from engine.privacy.accounting import SamplingSpec, default_delta
+from engine.privacy.resolve import resolve_privacy
 
 
 @dataclass(frozen=True)
@@ -113,19 +108,19 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
                     "(correlated noise: its noise state is kept in checkpoints, and the "
                     "canary audit assumes independent noise per round)"
                 )
-    accountant = p.accountant or spec.default_accountant()
+    # σ from ε (or ε from σ) at δ: the one resolver (engine.privacy.resolve)
+    z = None if p.epsilon is not None else p.noise_multiplier
     try:
-        spec.check_accountant(accountant)
-        if p.epsilon is not None:
-            z = calibrate_noise_multiplier(p.epsilon, delta, spec, config.rounds, accountant)
-        else:
-            assert p.noise_multiplier is not None
-            z = p.noise_multiplier
-        eps = compute_epsilon(z, spec, config.rounds, delta, accountant)
-    except CalibrationError as e:
+        r = resolve_privacy(
+            spec,
+            config.rounds,
+            epsilon=p.epsilon,
+            delta=delta,
+            noise_multiplier=z,
+            accountant=p.accountant,
+        )
+    except ValueError as e:  # CalibrationError included
         raise ConfigError(str(e)) from None
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if p.epsilon is not None and eps > p.epsilon:  # pragma: no cover - guarded above
-        raise ConfigError(f"privacy.epsilon={p.epsilon}: calibration overshot ({eps})")
-    return PrivacyPlan(True, z, p.clip_norm, delta, p.epsilon, eps, accountant, spec, mode)
+    return PrivacyPlan(
+        True, r.noise_multiplier, p.clip_norm, delta, p.epsilon, r.epsilon, r.accountant, spec, mode
+    )

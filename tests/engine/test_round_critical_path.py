@@ -18,8 +18,9 @@ import torch
 
 from engine.config import load_config
 from engine.privacy import mechanisms
-from engine.privacy.mechanisms import add_float64_, clip_update, privatize_sum, server_noise
-from engine.privacy.rng import torch_gen
+from engine.privacy.mechanism import GaussianMechanism
+from engine.privacy.mechanisms import add_float64_, clip_update
+from engine.privacy.rng import Randomness, torch_gen
 from engine.simulation import make_executor, prepare
 from engine.telemetry.phases import OFF, PhaseTimer, timed
 
@@ -74,16 +75,15 @@ def test_noise_drawn_ahead_is_the_same_noise() -> None:
     d = 1000
     support = (torch.arange(d) % 3 == 0).double()
     for z in (0.0, 1.3):
-        kw = {"noise_multiplier": z, "clip_norm": 0.7}
+        mech = GaussianMechanism(0.7, z).bind(Randomness(0))
         s = torch.randn(d, dtype=torch.float64)
-        drawn_inside = privatize_sum(
-            s, denominator=11.0, generator=torch_gen(0, 2, 5), support=support, **kw
-        )
-        ahead = server_noise(d, generator=torch_gen(0, 2, 5), support=support, **kw)
-        given = privatize_sum(s, denominator=11.0, noise=ahead, **kw)
-        assert np.array_equal(bits(given), bits(drawn_inside))
-    with pytest.raises(ValueError, match="generator or the noise"):
-        privatize_sum(s, noise_multiplier=1.0, clip_norm=1.0, denominator=1.0)
+        ahead = mech.server_noise(d, 5, support)  # drawn while the round trained
+        given = mech.privatize(s, ahead, 11.0)
+        drawn_at_finish = mech.privatize(s, mech.server_noise(d, 5, support), 11.0)
+        assert np.array_equal(bits(given), bits(drawn_at_finish))
+        reference = torch.randn(d, generator=torch_gen(0, 2, 5), dtype=torch.float64)
+        expected = (s + reference * (z * 0.7) * support) / 11.0
+        assert np.array_equal(bits(given), bits(expected))
 
 
 def _pool(overrides: list[str]):
@@ -112,8 +112,8 @@ def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrid
     # a stale draw (another clip norm) is ignored: the round draws its own
     cohort, w, public = ahead.begin_round(3)
     ahead.server.prepare_noise(3)
-    rnd_, z, _c, noise = ahead.server._noise
-    ahead.server._noise = (rnd_, z, _c * 2, torch.zeros_like(noise))
+    rnd_, _c, noise = ahead.server._noise
+    ahead.server._noise = (rnd_, _c * 2, torch.zeros_like(noise))
     cohort_p, w_p, public_p = plain.begin_round(3)
     a = ahead.finish_round(3, ahead.train(3, [cohort], w, public))
     b = plain.finish_round(3, plain.train(3, [cohort_p], w_p, public_p))

@@ -23,14 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.privacy.accounting import (
-    Z_BRACKET,
-    CalibrationError,
     EpsilonTracker,
     SamplingSpec,
-    calibrate_noise_multiplier,
     compute_epsilon,
     default_delta,
 )
+from engine.privacy.resolve import Z_BRACKET, CalibrationError, calibrate_noise_multiplier
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 

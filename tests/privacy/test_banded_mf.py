@@ -15,7 +15,8 @@ from scipy.stats import norm
 from algorithms.pieces.correlated_noise import BandedMFPrivatizer, BandedServer
 from engine.config import load_config
 from engine.privacy import banded_mf as bm
-from engine.privacy.accounting import SamplingSpec, calibrate_noise_multiplier, compute_epsilon
+from engine.privacy.accounting import SamplingSpec, compute_epsilon
+from engine.privacy.resolve import calibrate_noise_multiplier
 from engine.simulation import plan_privacy
 
 

@@ -8,13 +8,8 @@ import json
 import pytest
 
 from engine.privacy import calibration_store as store
-from engine.privacy.accounting import (
-    PLD_REPORT_DISCRETIZATION,
-    SamplingSpec,
-    _search_noise_multiplier,
-    calibrate_noise_multiplier,
-    compute_epsilon,
-)
+from engine.privacy.accounting import PLD_REPORT_DISCRETIZATION, SamplingSpec, compute_epsilon
+from engine.privacy.resolve import _search_noise_multiplier, calibrate_noise_multiplier
 
 SPEC = SamplingSpec("poisson", 1000, rate=0.1)
 TARGET, DELTA, ROUNDS = 3.0, 1e-4, 12

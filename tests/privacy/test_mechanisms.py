@@ -21,7 +21,8 @@ from engine.federated.client import PartialSum
 from engine.federated.server import Server, ServerSpec
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec, compute_epsilon
-from engine.privacy.mechanisms import clip_update, gaussian_noise, privatize_sum
+from engine.privacy.mechanism import GaussianMechanism
+from engine.privacy.mechanisms import clip_update, gaussian_noise
 
 
 def excess_kurtosis(x: np.ndarray) -> float:
@@ -132,17 +133,29 @@ def test_nonfinite_updates_are_zeroed_before_clipping(bad, dtype):
         assert float(torch.linalg.vector_norm(res.update.double())) <= 0.5
 
 
-# -------------------------------------------------------------- privatize_sum
+# ------------------------------------------- the mechanism's noised average
+
+
+def privatize_sum(
+    clipped_sum: torch.Tensor,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    denominator: float,
+    seed: int = 0,
+    rnd: int = 0,
+) -> torch.Tensor:
+    """(Σ + N(0, (zC)² I)) / denominator, as the server forms it: the mechanism's
+    central noise of round ``rnd`` (seeded stream) added to the sum."""
+    mech = GaussianMechanism(clip_norm, noise_multiplier).bind(rngs.Randomness(seed))
+    noise = mech.server_noise(clipped_sum.numel(), rnd, None)
+    return mech.privatize(clipped_sum, noise, denominator)
 
 
 def test_privatize_sum_noise_level_and_shape():
     z, c, denom, d = 1.3, 0.7, 50.0, 200_000
     out = privatize_sum(
-        torch.zeros(d, dtype=torch.float32),
-        noise_multiplier=z,
-        clip_norm=c,
-        denominator=denom,
-        generator=rngs.torch_gen(0, rngs.NOISE, 0),
+        torch.zeros(d, dtype=torch.float32), noise_multiplier=z, clip_norm=c, denominator=denom
     )
     assert out.dtype == torch.float64 and out.shape == (d,)
     x = out.numpy()
@@ -158,23 +171,16 @@ def test_privatize_sum_noise_level_and_shape():
 def test_privatize_sum_is_sum_plus_noise_over_denominator():
     g = torch.Generator().manual_seed(7)
     s = torch.randn(5000, generator=g, dtype=torch.float64) * 3.0
-    kw = dict(noise_multiplier=0.9, clip_norm=1.5, denominator=12.5)
-    with_sum = privatize_sum(s, generator=rngs.torch_gen(3, rngs.NOISE, 4), **kw)
-    noise_only = privatize_sum(
-        torch.zeros_like(s), generator=rngs.torch_gen(3, rngs.NOISE, 4), **kw
-    )
+    kw = dict(noise_multiplier=0.9, clip_norm=1.5, denominator=12.5, seed=3, rnd=4)
+    with_sum = privatize_sum(s, **kw)
+    noise_only = privatize_sum(torch.zeros_like(s), **kw)
     torch.testing.assert_close(with_sum - noise_only, s / 12.5, rtol=0, atol=1e-12)
 
 
 def test_privatize_sum_without_noise_is_exact_average():
     s = torch.randn(1000, generator=torch.Generator().manual_seed(1)).to(torch.float32)
-    g0 = rngs.torch_gen(0, rngs.NOISE, 0)
-    out = privatize_sum(s, noise_multiplier=0.0, clip_norm=1.0, denominator=7.0, generator=g0)
+    out = privatize_sum(s, noise_multiplier=0.0, clip_norm=1.0, denominator=7.0)
     assert torch.equal(out, s.double() / 7.0)
-    # The stream advances exactly as with noise, so later draws do not depend on z.
-    g1 = rngs.torch_gen(0, rngs.NOISE, 0)
-    privatize_sum(s, noise_multiplier=2.0, clip_norm=1.0, denominator=7.0, generator=g1)
-    assert torch.equal(g0.get_state(), g1.get_state())
 
 
 def test_noise_is_reproducible_per_round_and_differs_across_rounds():
@@ -184,7 +190,8 @@ def test_noise_is_reproducible_per_round_and_differs_across_rounds():
             noise_multiplier=1.0,
             clip_norm=1.0,
             denominator=1.0,
-            generator=rngs.torch_gen(seed, rngs.NOISE, rnd),
+            seed=seed,
+            rnd=rnd,
         )
 
     a = noise(5, 0)
@@ -198,13 +205,9 @@ def test_noise_is_reproducible_per_round_and_differs_across_rounds():
 def test_privatize_sum_rejects_meaningless_settings():
     g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="denominator"):
-        privatize_sum(
-            torch.zeros(3), noise_multiplier=1.0, clip_norm=1.0, denominator=0, generator=g
-        )
+        privatize_sum(torch.zeros(3), noise_multiplier=1.0, clip_norm=1.0, denominator=0)
     with pytest.raises(ValueError, match="infinite clip norm"):
-        privatize_sum(
-            torch.zeros(3), noise_multiplier=1.0, clip_norm=math.inf, denominator=1, generator=g
-        )
+        privatize_sum(torch.zeros(3), noise_multiplier=1.0, clip_norm=math.inf, denominator=1)
     with pytest.raises(ValueError, match="std"):
         gaussian_noise(3, -1.0, g)
 

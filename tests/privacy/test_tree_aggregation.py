@@ -10,13 +10,8 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from engine.config import load_config
-from engine.privacy.accounting import (
-    EpsilonTracker,
-    SamplingSpec,
-    calibrate_noise_multiplier,
-    compute_epsilon,
-    round_event,
-)
+from engine.privacy.accounting import EpsilonTracker, SamplingSpec, compute_epsilon, round_event
+from engine.privacy.resolve import calibrate_noise_multiplier
 from engine.simulation import plan_privacy
 
 #: dp-accounting's default RDP orders, written out here (not imported)
