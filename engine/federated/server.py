@@ -214,7 +214,7 @@ class Server:
         self.rounds_done = 0
         self.audit = None
         if spec.audit is not None:
-            from engine.privacy.audit import make_audit  # correlated noise: its own audit
+            from engine.privacy.audit_correlated import make_audit  # any participation
 
             self.audit = make_audit(spec.audit, self.weights, priv, spec.sampling)
         #: (round, C_t, noise) drawn by :meth:`prepare_noise` while the round trained

@@ -52,6 +52,9 @@ from scipy import stats
 from engine.privacy import rng as rngs
 
 AUDIT_ALPHA = 0.05  # the lower bound holds with confidence 1 − AUDIT_ALPHA
+#: ``audit_statistic`` of the whitened trajectory statistic under correlated noise, by
+#: participation (engine.privacy.audit_correlated)
+CORRELATED_STATISTICS = {"epochs": "whitened_tree_nodes", "bands": "whitened_banded_strategy"}
 
 
 @dataclass(frozen=True)
@@ -65,11 +68,24 @@ class AuditSpec:
     num_clients: int  # the real population N
     delta: float
     every_round: bool = False
+    #: the recipe's participation: ``sampled`` (Poisson/fixed, the canaries at rate q),
+    #: or ``epochs``/``bands`` (correlated noise: engine.privacy.audit_correlated)
+    participation: str = "sampled"
+    rounds: int = 0  # T, the run's rounds (the correlated audit keeps one row per round)
+
+    @property
+    def statistic(self) -> str:
+        """The ``audit_statistic`` column: what each direction's score is."""
+        if not self.every_round:
+            return "final_model_cosine"
+        if self.participation == "sampled":
+            return "max_round_cosine"
+        return CORRELATED_STATISTICS[self.participation]
 
     def summary(self) -> dict:
         return {
             "audit_canaries": self.canaries,
-            "audit_statistic": "max_round_cosine" if self.every_round else "final_model_cosine",
+            "audit_statistic": self.statistic,
             "population_real": self.num_clients,
             "population_with_canaries": self.num_clients + self.canaries,
         }
@@ -78,10 +94,13 @@ class AuditSpec:
 def audit_spec(config, plan, dim: int) -> AuditSpec | None:
     """The run's audit; ``None`` when ``eval.audit_canaries=0`` or for a non-private
     recipe (a canary's update is scaled to the clip norm, which such a recipe lacks), so
-    ``dpfl compare`` and ``dpfl tune`` can mix private and non-private recipes."""
+    ``dpfl compare`` and ``dpfl tune`` can mix private and non-private recipes. Under
+    correlated noise (participation ``epochs`` or ``bands``) the server builds the
+    adapted audit (:func:`engine.privacy.audit_correlated.make_audit`)."""
     k = config.eval.audit_canaries
     if k == 0 or not plan.private:
         return None
+    mode = plan.sampling.mode
     return AuditSpec(
         seed=config.seed,
         canaries=k,
@@ -90,6 +109,8 @@ def audit_spec(config, plan, dim: int) -> AuditSpec | None:
         num_clients=config.dataset.num_clients,
         delta=plan.delta,
         every_round=config.eval.audit_every_round,
+        participation=mode if mode in ("epochs", "bands") else "sampled",
+        rounds=config.rounds,
     )
 
 
@@ -153,27 +174,32 @@ class CanaryAudit:
         (NaN on every other round)."""
         if self.spec.every_round:
             self.max_cos = np.maximum(self.max_cos, cosines(self.directions, after - before))
-        cols = {
-            "audit_epsilon_estimate_nonprivate": math.nan,
-            "audit_epsilon_lower_nonprivate": math.nan,
-            "audit_canaries_participated_nonprivate": math.nan,
-        }
         if rnd + 1 != rounds:
-            return cols
-        k = self.spec.canaries
+            return empty_columns()
         if self.spec.every_round:
             scores = self.max_cos
         else:
             scores = cosines(self.directions, after - self.w0)
-        inserted, held_out = scores[:k], scores[k:]
-        cols["audit_epsilon_estimate_nonprivate"] = gaussian_fit_epsilon(
-            inserted, held_out, self.spec.delta
-        )
-        cols["audit_epsilon_lower_nonprivate"] = threshold_lower_bound(
-            inserted, held_out, self.spec.delta
-        )
-        cols["audit_canaries_participated_nonprivate"] = int((self.participations > 0).sum())
-        return cols
+        return audit_columns(scores, self.spec, self.participations)
+
+
+def empty_columns() -> dict:
+    """The audit's columns on a round that is not the last (NaN)."""
+    return {
+        "audit_epsilon_estimate_nonprivate": math.nan,
+        "audit_epsilon_lower_nonprivate": math.nan,
+        "audit_canaries_participated_nonprivate": math.nan,
+    }
+
+
+def audit_columns(scores: np.ndarray, spec: AuditSpec, participations: np.ndarray) -> dict:
+    """The last round's columns from the 2K scores (inserted first, then held out)."""
+    inserted, held_out = scores[: spec.canaries], scores[spec.canaries :]
+    return {
+        "audit_epsilon_estimate_nonprivate": gaussian_fit_epsilon(inserted, held_out, spec.delta),
+        "audit_epsilon_lower_nonprivate": threshold_lower_bound(inserted, held_out, spec.delta),
+        "audit_canaries_participated_nonprivate": int((participations > 0).sum()),
+    }
 
 
 # ------------------------------------------------------------------- estimation
@@ -278,6 +304,19 @@ def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, f
     return lo, hi
 
 
+def clopper_pearson_arrays(
+    successes: np.ndarray, trials: int, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`clopper_pearson` for an array of success counts (one vectorised call)."""
+    k = np.asarray(successes, dtype=np.int64)
+    lo = np.zeros(len(k))
+    hi = np.ones(len(k))
+    some, short = k > 0, k < trials
+    lo[some] = stats.beta.ppf(alpha, k[some], trials - k[some] + 1)
+    hi[short] = stats.beta.ppf(1 - alpha, k[short] + 1, trials - k[short])
+    return lo, hi
+
+
 def threshold_lower_bound(
     inserted: np.ndarray, held_out: np.ndarray, delta: float, alpha: float = AUDIT_ALPHA
 ) -> float:
@@ -289,15 +328,15 @@ def threshold_lower_bound(
         return math.nan
     thresholds = np.unique(np.concatenate([ins, out]))
     a = alpha / (2 * len(thresholds))  # Bonferroni over thresholds and both bounds
+    tp = n_in - np.searchsorted(ins, thresholds, side="left")  # inserted ≥ τ
+    fp = n_out - np.searchsorted(out, thresholds, side="left")  # held out ≥ τ
+    tpr_lo, _ = clopper_pearson_arrays(tp, n_in, a)
+    _, fpr_hi = clopper_pearson_arrays(fp, n_out, a)
     best = 0.0
-    for tau in thresholds:
-        tp = int(n_in - np.searchsorted(ins, tau, side="left"))  # inserted ≥ τ
-        fp = int(n_out - np.searchsorted(out, tau, side="left"))  # held out ≥ τ
-        tpr_lo, _ = clopper_pearson(tp, n_in, a)
-        _, fpr_hi = clopper_pearson(fp, n_out, a)
-        if tpr_lo - delta > 0 and fpr_hi > 0:
-            best = max(best, math.log((tpr_lo - delta) / fpr_hi))
-        tnr_lo, fnr_hi = 1.0 - fpr_hi, 1.0 - tpr_lo
+    for t_lo, f_hi in zip(tpr_lo.tolist(), fpr_hi.tolist(), strict=True):
+        if t_lo - delta > 0 and f_hi > 0:
+            best = max(best, math.log((t_lo - delta) / f_hi))
+        tnr_lo, fnr_hi = 1.0 - f_hi, 1.0 - t_lo
         if tnr_lo - delta > 0 and fnr_hi > 0:
             best = max(best, math.log((tnr_lo - delta) / fnr_hi))
     return best

@@ -114,23 +114,44 @@ def test_canaries_do_not_change_the_accounted_epsilon():
 PRIVATE = [
     name for name, recipe in RECIPES.items() if recipe.private and recipe.participation == "sampled"
 ]
-#: Correlated noise (DP-FTRL, DP-BandMF): the audit's per-round independence does not hold.
+#: Correlated noise (DP-FTRL, DP-BandMF): the adapted audit (engine.privacy.audit_correlated).
 CORRELATED = [name for name, recipe in RECIPES.items() if recipe.participation != "sampled"]
 
 
 @pytest.mark.parametrize("algorithm", CORRELATED)
-def test_correlated_noise_recipes_refuse_the_audit_and_adaptive_clipping(algorithm):
-    """Neither the canary audit (it assumes independent noise in every round) nor
-    adaptive clipping (its count release is not accounted with the correlated event)
-    runs silently under correlated noise: each is refused, naming the key."""
+def test_correlated_noise_recipes_run_the_adapted_audit_and_refuse_adaptive_clipping(algorithm):
+    """Adaptive clipping (its count release is not accounted with the correlated event)
+    is refused, naming the key. The canary audit runs its correlated-noise form: every
+    canary in the participation's worst-case rounds, the whitened statistic over the
+    trajectory, its 95 % lower bound below the accountant's ε, which the canaries do
+    not change."""
     assert CORRELATED, "no correlated-noise recipe registered"
-    for extra in (
-        ["eval.audit_canaries=10"],
-        ["privacy.clip_mode=adaptive", "privacy.clip_count_stddev=2"],
-    ):
-        with pytest.raises(ConfigError, match=extra[0].split("=")[0]):
-            over = [*SMALL, f"algorithm={algorithm}", "rounds=3", *extra]
-            prepare(load_config(overrides=over))
+    base = [*SMALL, f"algorithm={algorithm}", "rounds=3"]
+    with pytest.raises(ConfigError, match="privacy.clip_mode"):
+        over = [*base, "privacy.clip_mode=adaptive", "privacy.clip_count_stddev=2"]
+        prepare(load_config(overrides=over))
+    run = [
+        *SMALL,
+        f"algorithm={algorithm}",
+        "dataset.num_clients=80",
+        "sampling.rate=0.1",
+        "rounds=8",
+        "local.steps=1",
+        "eval.every=8",
+        "privacy.epsilon=2",
+    ]
+    audited = [*run, "eval.audit_canaries=200", "eval.audit_every_round=true"]
+    plain = prepare(load_config(overrides=run)).plan
+    res = simulate(load_config(overrides=audited), write=False)
+    assert res.privacy["noise_multiplier"] == plain.noise_multiplier
+    assert res.final_epsilon == pytest.approx(plain.planned_epsilon) and res.final_epsilon <= 2
+    stat = {"dp_ftrl": "whitened_tree_nodes", "dp_bandmf": "whitened_banded_strategy"}
+    assert res.privacy["audit_statistic"] == stat.get(algorithm, res.privacy["audit_statistic"])
+    last = res.rounds.iloc[-1]
+    assert last["audit_canaries_participated_nonprivate"] == 200
+    assert 0 <= last["audit_epsilon_lower_nonprivate"] < res.final_epsilon
+    assert last["audit_epsilon_estimate_nonprivate"] > 0
+    assert np.isnan(res.rounds["audit_epsilon_lower_nonprivate"].iloc[0])
 
 
 @pytest.mark.parametrize("algorithm", PRIVATE)
