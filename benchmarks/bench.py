@@ -435,7 +435,7 @@ def actor_pids(run_name: str, executor: Any) -> tuple[dict[str, int], str]:
     except Exception:  # noqa: BLE001 - private API may change
         pass
     found = {}
-    pool = executor.pool  # engine.runtime.executors.RayWorkerPool
+    pool = executor.pool  # engine.runtime.ray_pool.RayWorkerPool
     server = None if getattr(pool, "server_in_driver", False) else getattr(pool, "server", None)
     handles = [*getattr(pool, "workers", []), server]
     for i, h in enumerate(handles):

@@ -61,7 +61,7 @@ class WorkerProbe:
                 return None
             return torch.cuda.max_memory_reserved(worker.device) / 2**20
 
-        workers = list(executor.pool.workers)  # engine.runtime.executors.RayWorkerPool
+        workers = list(executor.pool.workers)  # engine.runtime.ray_pool.RayWorkerPool
         self.devices = ray.get([w.device_name.remote() for w in workers])
         peaks = ray.get([w.__ray_call__.remote(peak) for w in workers])
         self.gpu_peak_mb = [float(v) for v in peaks if v is not None]

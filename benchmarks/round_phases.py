@@ -54,7 +54,8 @@ for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
 
 import bench  # noqa: E402  (its workloads and data: the same as bench.py's)
 
-import engine.simulation as sim  # noqa: E402
+import engine.simulation.callbacks as sim_callbacks  # noqa: E402
+import engine.simulation.runner as sim  # noqa: E402
 from engine.config import load_config  # noqa: E402
 from engine.results import RoundWriter  # noqa: E402
 from engine.telemetry.phases import PhaseTimer  # noqa: E402
@@ -143,7 +144,7 @@ def run(w, ds, executor: str, workers: int, gpu: bool) -> tuple[Recorder, float]
     if gpu and executor == "local":  # in process on the GPU too: the same device
         overrides.append("ray.worker_device=cuda")
     rec = Recorder()
-    original_make, original_save = sim.make_executor, sim.save_checkpoint
+    original_make, original_save = sim.make_executor, sim_callbacks.save_checkpoint
     original_append = RoundWriter.append
 
     def save(out_dir, state):
@@ -155,7 +156,7 @@ def run(w, ds, executor: str, workers: int, gpu: bool) -> tuple[Recorder, float]
             return original_append(self, row)
 
     sim.make_executor = rec.make_executor(original_make)
-    sim.save_checkpoint = save
+    sim_callbacks.save_checkpoint = save
     RoundWriter.append = append  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -164,7 +165,8 @@ def run(w, ds, executor: str, workers: int, gpu: bool) -> tuple[Recorder, float]
             sim.simulate(cfg, dataset=ds, write=True, on_round=rec.on_round, run_name="phases")
             wall = time.perf_counter() - t0
     finally:
-        sim.make_executor, sim.save_checkpoint = original_make, original_save
+        sim.make_executor = original_make
+        sim_callbacks.save_checkpoint = original_save
         RoundWriter.append = original_append  # type: ignore[method-assign]
     return rec, wall
 

@@ -1,8 +1,12 @@
 """The runtime: where clients run and with what resources.
 
-:mod:`.executors` holds the worker pools (in process, or Ray actors pinned to CPUs or
-fractional GPUs) that dispatch a round's cohort to the federated roles and return the
-partial sums; :mod:`.resources` plans the workers a run asks for and checks that they
-fit the Ray instance it attaches to or starts; :mod:`.switches` names the environment
-switches the command line sets for them (``dpfl -q``, ``--verbose``).
+:mod:`.executors` holds the round (:func:`.executors.play_round`), the worker-pool
+interface and the :class:`.executors.Executor` that runs rounds on a pool, and starts
+or attaches to Ray (:func:`.executors.ensure_ray`); the pools that dispatch a round's
+cohort to the federated roles and return the partial sums are :mod:`.local_pool`
+(in process) and :mod:`.ray_pool` (Ray actors pinned to CPUs or fractional GPUs, with
+fault tolerance), whose server may live in the driver (:mod:`.driver_server`);
+:mod:`.resources` plans the workers a run asks for and checks that they fit the Ray
+instance it attaches to or starts; :mod:`.switches` names the environment switches
+the command line sets for them (``dpfl -q``, ``--verbose``).
 """

@@ -173,7 +173,7 @@ def check_local_fit(
 
     Raises ConfigError. An attached cluster (``ray.address``) is not checked here: its
     nodes may be added by an autoscaler, and the workers' start waits for them up to
-    ``engine.runtime.executors.ACTOR_START_TIMEOUT_S``, then fails naming the resources."""
+    ``engine.runtime.ray_pool.ACTOR_START_TIMEOUT_S``, then fails naming the resources."""
     from engine.config import ConfigError
 
     cores = int(cores if cores is not None else (os.cpu_count() or 1))

@@ -245,7 +245,7 @@ def test_progress_bar_starts_after_the_executor(monkeypatch) -> None:
     built: the bar is created after it, so they never land on the bar's line."""
     import tqdm.auto
 
-    import engine.simulation as sim
+    import engine.simulation.runner as sim
     from engine.config import load_config
 
     events: list[str] = []

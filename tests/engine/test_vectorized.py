@@ -217,7 +217,7 @@ def test_personal_heads_fall_back_to_one_by_one_exactly() -> None:
 
 
 def test_failed_probe_falls_back_to_one_by_one(monkeypatch) -> None:
-    import engine.federated.vectorized as vz
+    import engine.federated.group_training as vz
 
     calls = []
 

@@ -60,9 +60,9 @@ def test_worker_count_changes_only_float_rounding(ray_session, small_overrides) 
 def test_unschedulable_workers_fail_with_clear_error(
     ray_session, small_overrides, monkeypatch
 ) -> None:
-    from engine.runtime import executors
+    from engine.runtime import ray_pool
 
-    monkeypatch.setattr(executors, "ACTOR_START_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(ray_pool, "ACTOR_START_TIMEOUT_S", 3.0)
     # 1.8 GPUs on a 1-GPU cluster. The GPU is fake (no CUDA), so the worker that is
     # scheduled is told to train on the CPU: under ray.worker_device=auto its constructor
     # would raise, free its 0.9 GPU, and let the second worker start (and raise) too,
@@ -82,7 +82,7 @@ def test_server_placement_follows_ray_server(ray_session, small_overrides) -> No
     """``auto`` keeps the server in the driver on this one-node Ray (no server actor is
     started); ``actor`` starts one; a bad value is refused naming the key."""
     from engine.config import ConfigError
-    from engine.runtime.executors import DriverServer, server_in_driver
+    from engine.runtime.driver_server import DriverServer, server_in_driver
 
     assert server_in_driver("auto") and server_in_driver("driver")
     assert not server_in_driver("actor")

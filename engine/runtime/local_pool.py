@@ -1,0 +1,74 @@
+"""The in-process worker pool: one server and one client worker in this process,
+shards trained one after another — the reference the Ray pool must equal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from engine.data.federated import FederatedDataset
+from engine.federated.client import ClientWorker, LocalSpec
+from engine.federated.server import Server, ServerSpec
+from engine.runtime.executors import Executor, round_plan
+from engine.telemetry.phases import OFF
+
+
+def local_executor(
+    dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec, num_shards: int
+) -> Executor:
+    """Everything in this process; the reference the Ray executor must equal."""
+    pool = InProcessPool(dataset, server_spec, local_spec)
+    return Executor(pool, round_plan(dataset, server_spec, local_spec, num_shards))
+
+
+class InProcessPool:
+    """One server and one client worker in this process; shards run one after another."""
+
+    retries = 0
+
+    def __init__(
+        self, dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec
+    ) -> None:
+        self.server = Server(dataset, server_spec)
+        self.worker = ClientWorker(dataset, local_spec)
+        self.timer: Any = OFF
+
+    def set_timer(self, timer: Any) -> None:
+        self.timer = self.server.timer = self.worker.timer = timer
+
+    def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
+        return self.server.begin_round(rnd)
+
+    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
+        with self.timer.phase("train_shards"):
+            return [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
+
+    def finish_round(self, rnd: int, partials: list) -> dict:
+        return self.server.finish_round(rnd, *partials, evaluate=False)
+
+    def current_weights(self) -> np.ndarray:
+        return self.server.get_weights()
+
+    def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        return [self.worker.evaluate_slice(weights, a, b) for a, b in slices]
+
+    def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
+        return [self.worker.personal_eval(weights, c) for c in clients]
+
+    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict:
+        return play()
+
+    def weights(self) -> np.ndarray:
+        return self.server.get_weights()
+
+    def checkpoint(self) -> dict:
+        return {"server": self.server.state_dict(), "clients": self.worker.client_state()}
+
+    def restore(self, state: dict) -> None:
+        self.server.load_state_dict(state["server"])
+        self.worker.restore_client_state(state.get("clients", {}))
+
+    def close(self) -> None:
+        pass

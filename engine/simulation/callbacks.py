@@ -1,0 +1,176 @@
+"""The per-round side effects of :func:`engine.simulation.simulate`, one callback each.
+
+After every round the loop hands the round's row to its callbacks, always in this
+order (:func:`round_callbacks` builds them so; absent ones are skipped):
+
+1. :class:`Checkpoint` — ``checkpoint.pkl`` (model, server and client state, and the
+   row) and the caller's ``on_checkpoint`` (Tune persists its own checkpoint there);
+2. :class:`Metrics` — the dashboard's Ray metrics (:mod:`engine.telemetry.metrics`);
+3. :class:`ParquetRows` — the row appended to ``rounds.parquet``: the release;
+4. :class:`CallerOnRound` — the caller's ``on_round(row, executor)`` (Tune's report);
+5. :class:`Progress` — the progress bar.
+
+Checkpoint before the row: a crash after the release resumes from this round's
+state, so a released round is never computed again (its noise need not be
+reproducible bit for bit on a GPU); a crash between the two leaves the row inside the
+checkpoint, released on resume (``RoundState.replayed``: only the Parquet row, if it
+is not on disk yet, and the caller's ``on_round`` see it). When the run ends, in
+success or failure, each callback's ``on_end`` runs, in the same order, after the
+executor has closed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.results import RoundWriter
+from engine.runtime.executors import Executor
+from engine.simulation.checkpoint import save_checkpoint
+from engine.telemetry.metrics import RunMetrics
+
+Row = dict[str, Any]
+
+
+@dataclass
+class RoundState:
+    """What a callback sees of the run besides the row."""
+
+    executor: Executor
+    #: ``time.perf_counter()`` when the round started (NaN for a replayed row)
+    started: float = math.nan
+    #: the latest evaluated test accuracy (NaN before the first evaluation)
+    last_accuracy: float = math.nan
+    #: the row is the copy a checkpoint holds, released on resume (not computed now)
+    replayed: bool = False
+
+
+class RoundCallback(Protocol):
+    """One per-round side effect of a simulation."""
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        """Called once per finished round (and once for a replayed row)."""
+
+    def on_end(self) -> None:
+        """Called once when the run ends (also after a failure)."""
+
+
+class Checkpoint:
+    """Writes ``checkpoint.pkl`` (if ``out_dir``) and calls ``on_checkpoint`` with the
+    checkpoint (``Executor.checkpoint()`` plus ``"row"``) and the row, before the row
+    is released."""
+
+    def __init__(
+        self, out_dir: Path | None, on_checkpoint: Callable[[dict, dict], None] | None
+    ) -> None:
+        self.out_dir = out_dir
+        self.on_checkpoint = on_checkpoint
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        if state.replayed:
+            return
+        checkpoint = {**state.executor.checkpoint(), "row": dict(row)}
+        if self.out_dir is not None:
+            save_checkpoint(self.out_dir, checkpoint)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(checkpoint, row)
+
+    def on_end(self) -> None:
+        pass
+
+
+class Metrics:
+    """Records the round in the dashboard's metrics (a no-op without Ray); its time
+    is the round's, checkpoint included."""
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.metrics = metrics
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        if state.replayed:
+            return
+        seconds = time.perf_counter() - state.started
+        self.metrics.record({**row, "test_accuracy": state.last_accuracy}, seconds)
+
+    def on_end(self) -> None:
+        pass
+
+
+class ParquetRows:
+    """Appends the row to ``rounds.parquet`` (rewritten atomically): its release. A
+    replayed row already on disk is not written twice."""
+
+    def __init__(self, writer: RoundWriter) -> None:
+        self.writer = writer
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        if state.replayed and any(int(r["round"]) == int(row["round"]) for r in self.writer.rows):
+            return
+        self.writer.append(row)
+
+    def on_end(self) -> None:
+        pass
+
+
+class CallerOnRound:
+    """The caller's ``on_round(row, executor)``: the release of the round to it (Tune
+    reports the round here)."""
+
+    def __init__(self, on_round: Callable[[dict, Executor], None]) -> None:
+        self.on_round_fn = on_round
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        self.on_round_fn(row, state.executor)
+
+    def on_end(self) -> None:
+        pass
+
+
+class Progress:
+    """A tqdm bar of rounds, showing the accuracy and the ε spent; created after the
+    executor, so that Ray's start-up lines do not land on the bar's line."""
+
+    def __init__(self, total: int, desc: str, start: int = 0) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="round")
+        if start:
+            self.bar.update(start)
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        if state.replayed:
+            return
+        self.bar.set_postfix(acc=f"{state.last_accuracy:.3f}", eps=f"{row['epsilon']:.3g}")
+        self.bar.update(1)
+
+    def on_end(self) -> None:
+        self.bar.close()
+
+
+def round_callbacks(
+    *,
+    metrics: RunMetrics,
+    writer: RoundWriter | None,
+    out_dir: Path | None,
+    on_checkpoint: Callable[[dict, dict], None] | None,
+    on_round: Callable[[dict, Executor], None] | None,
+    progress: Progress | None,
+) -> list[RoundCallback]:
+    """The run's callbacks in their fixed order (module docstring). ``out_dir`` is
+    where ``checkpoint.pkl`` goes (None: no file); a checkpoint is taken only if it is
+    written or ``on_checkpoint`` wants it."""
+    out: list[RoundCallback] = []
+    if out_dir is not None or on_checkpoint is not None:
+        out.append(Checkpoint(out_dir, on_checkpoint))
+    out.append(Metrics(metrics))
+    if writer is not None:
+        out.append(ParquetRows(writer))
+    if on_round is not None:
+        out.append(CallerOnRound(on_round))
+    if progress is not None:
+        out.append(progress)
+    return out

@@ -1,0 +1,199 @@
+"""Everything before the rounds: :func:`prepare` checks what can be checked without
+training (config values, dataset files, model/data compatibility, the privacy
+budget) and builds the dataset and the run's one pipeline; :func:`make_executor`
+builds the worker pool (in process or Ray actors) that runs the rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.recipes import build_pipeline
+from engine.config import ConfigError, RunConfig
+from engine.data import FederatedDataset, build_dataset, check_dataset_files
+from engine.federated.client import LocalSpec
+from engine.federated.server import ServerSpec
+from engine.models import build_model
+from engine.privacy import rng as rngs
+from engine.runtime.executors import Executor
+from engine.runtime.local_pool import local_executor
+from engine.runtime.ray_pool import ray_executor
+from engine.simulation.privacy_plan import PrivacyPlan, plan_privacy
+from engine.telemetry import timeline
+
+
+@dataclass
+class Prepared:
+    """A run, checked and built, before its executor: :func:`prepare`'s result."""
+
+    config: RunConfig
+    plan: PrivacyPlan
+    dataset: FederatedDataset
+    pipeline: Any = None
+    steps: int | None = None  # public K, when fixed
+    adaptive: Any = None  # AdaptiveClipSpec under privacy.clip_mode=adaptive
+    audit: Any = None  # engine.privacy.audit.AuditSpec under eval.audit_canaries > 0
+
+
+def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepared:
+    """All checks that need no training; builds the dataset. Raises ConfigError."""
+    try:
+        if dataset is None:
+            check_dataset_files(config.dataset)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    timeline.mark("privacy start")
+    plan = plan_privacy(config)
+    timeline.mark("privacy done")
+    if dataset is None:
+        try:
+            dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    timeline.mark("data done")
+    if dataset.num_clients != config.dataset.num_clients:
+        raise ConfigError(
+            f"dataset.num_clients={config.dataset.num_clients}: the data has "
+            f"{dataset.num_clients} clients"
+        )
+    try:
+        model = build_model(config.model.name, dataset.input_shape, dataset.num_classes)
+    except ValueError as e:
+        raise ConfigError(
+            f"model.name={config.model.name!r} does not fit dataset.name="
+            f"{config.dataset.name!r} (input {dataset.input_shape}): {e}"
+        ) from None
+    from engine.privacy.adaptive_clip import adaptive_spec
+    from engine.privacy.audit import audit_spec
+
+    try:
+        adaptive = adaptive_spec(config, plan)
+        audit = audit_spec(config, plan, flatten_dim(model))
+        # The run's one pipeline: server and workers receive this object, and noise,
+        # clipping and the accountant read C, z (and z_Δ) from its privatizer.
+        algo = config.algo
+        if plan.sampling.mode == "bands":  # the bands the participation was built with
+            algo = dataclasses.replace(algo, bands=plan.sampling.bands)
+        pipeline = build_pipeline(
+            config.algorithm,
+            algo,
+            plan.clip_norm,
+            plan.noise_multiplier,
+            config.model.name,
+            config.recipe,
+        ).with_adaptive(adaptive)
+        validate_pipeline(pipeline, model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    steps = public_steps(config, pipeline)
+    timeline.mark("prepared")
+    return Prepared(config, plan, dataset, pipeline, steps, adaptive, audit)
+
+
+def flatten_dim(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def validate_pipeline(pipeline, model) -> None:
+    """Check hyperparameters that need the model (sizes), before any training."""
+    from algorithms.pieces.sparsify import num_kept
+    from algorithms.pipeline import LUS, RandK, ServerTopK, TopK
+    from engine.federated.worker_model import flatten_params, personal_mask
+
+    d = int(flatten_params(model).numel())
+    for t in (*pipeline.client_transforms, *pipeline.server_transforms):
+        if isinstance(t, (TopK, RandK, ServerTopK)):
+            num_kept(d, t.fraction)
+        if isinstance(t, LUS) and not 0 <= t.zero_fraction < 1:
+            raise ValueError(
+                f"algo.zero_fraction={t.zero_fraction}: LUS zeroes this fraction; use [0, 1)"
+            )
+    if pipeline.personal is not None:
+        personal_mask(model, pipeline.personal.layers)
+
+
+#: K for recipes that need a fixed number of local steps (PGN) when ``local.steps`` is
+#: unset. A public constant: K enters the public drift (1 − β)·K·η·g̃, the step size
+#: γ = η·K and every client's work, so it may not depend on the clients' data (a
+#: median over client sizes changes when one client leaves).
+DEFAULT_FIXED_STEPS = 10
+
+
+def public_steps(config: RunConfig, pipeline) -> int | None:
+    """K, the public number of local steps, when every client must run exactly K steps:
+    ``local.steps`` if set; for recipes that need a fixed K (PGN), otherwise
+    :data:`DEFAULT_FIXED_STEPS`. A function of the config only, never of the data."""
+    if config.local.steps is not None:
+        return config.local.steps
+    if not pipeline.fixed_steps:
+        return None
+    return DEFAULT_FIXED_STEPS
+
+
+def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None = None) -> Executor:
+    cfg, plan = prep.config, prep.plan
+    threads = max(1, int(cfg.ray.num_cpus_per_worker))
+    local = LocalSpec(
+        seed=cfg.seed,
+        model_name=cfg.model.name,
+        epochs=cfg.local.epochs,
+        batch_size=cfg.local.batch_size,
+        lr=cfg.local.lr,
+        lr_decay=cfg.local.lr_decay,
+        momentum=cfg.local.momentum,
+        weight_decay=cfg.local.weight_decay,
+        pipeline=prep.pipeline,
+        num_threads=threads,
+        denominator=plan.sampling.denominator,
+        steps=prep.steps,
+        state_dir=state_dir,
+        clients_per_batch=cfg.ray.clients_per_worker_batch,
+        memory_format=cfg.model.memory_format,
+        model_init=cfg.model.init,
+        device=cfg.ray.worker_device,
+        # groups sized for this share of a GPU (a Tune trial's 1/tune.trials_per_gpu);
+        # the Ray pool replaces it with the share it plans (engine.runtime.resources)
+        gpu_share=float(cfg.ray.num_gpus_per_worker),
+        secure=cfg.privacy.secure_noise,
+    )
+    server = ServerSpec(
+        seed=cfg.seed,
+        model_name=cfg.model.name,
+        pipeline=prep.pipeline,
+        server_lr=cfg.server.lr,
+        delta=plan.delta,
+        accountant=plan.accountant,
+        sampling=plan.sampling,
+        eval_every=cfg.eval.every,
+        rounds=cfg.rounds,
+        num_threads=threads,
+        local_lr=cfg.local.lr,
+        lr_decay=cfg.local.lr_decay,
+        steps=prep.steps,
+        membership_inference=cfg.eval.membership_inference,
+        secure=cfg.privacy.secure_noise,
+        audit=prep.audit,
+        model_init=cfg.model.init,
+    )
+    if cfg.ray.executor == "local":
+        return local_executor(prep.dataset, server, local, cfg.ray.num_workers)
+    return ray_executor(prep.dataset, server, local, cfg.ray, run_name=run_name)
+
+
+def privacy_options(prep: Prepared) -> dict[str, Any]:
+    """Columns (and config.json entries) of adaptive clipping and the canary audit."""
+    ad = prep.adaptive
+    out: dict[str, Any] = {
+        "clip_mode": "adaptive" if ad else ("fixed" if prep.plan.private else "none")
+    }
+    if ad is not None:
+        out.update(
+            update_noise_multiplier=ad.update_noise_multiplier,
+            clip_count_stddev=ad.count_stddev,
+            target_quantile=ad.target_quantile,
+            clip_lr=ad.lr,
+        )
+    if prep.audit is not None:
+        out.update(prep.audit.summary())
+    return out
