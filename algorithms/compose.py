@@ -15,8 +15,9 @@ through the same engine order and privacy guard (docs/algorithms.md §0, §9)::
       personal: false                    # true: DP²-FedSAM's personal heads
     algo: {rho: 0.05, asam: false, sigma_ls: 0.1}             # the pieces' parameters
 
-The pieces' parameters are the ``algo.*`` keys the built-in recipes use, with the same
-defaults (so ``dpfl tune`` searches them the same way). ``step: pgn`` brings DP-FedPGN's
+The pieces are those of :mod:`algorithms.registry`; their parameters are the ``algo.*``
+keys the built-in recipes use, with the same defaults (so ``dpfl tune`` searches them
+the same way). ``step: pgn`` brings DP-FedPGN's
 public drift removal/restore and its server update (every client runs exactly K local
 plain-SGD steps); ``laplacian_smoothing`` with ``step: pgn`` smooths the direction g̃ as
 DP-FedPGN-LS does. Privacy: whatever the combination, updates are clipped to C and
@@ -31,41 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from algorithms import registry
+from algorithms.spec import BuildContext
 from engine.errors import check as _check
 
-STEPS = ("sgd", "sam", "pgn")
-REGULARIZERS = ("blur",)
-CONSTRAINTS = ("ball",)
-CLIENT_TRANSFORMS = ("topk", "randk", "lus")
-SERVER_TRANSFORMS = ("laplacian_smoothing", "server_topk")
+#: ``recipe.noise_support`` (not a piece: where the privatizer's noise goes).
 NOISE_SUPPORTS = ("all", "public_mask")
-
-#: algo.* keys each piece reads (the composed recipe's hyperparameters).
-PIECE_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    "sam": ("rho", "asam"),
-    "pgn": ("beta", "rho"),
-    "blur": ("blur_lambda",),
-    "topk": ("keep_fraction",),
-    "randk": ("keep_fraction", "randk_rescale"),
-    "lus": ("zero_fraction",),
-    "laplacian_smoothing": ("sigma_ls", "ls_scope"),
-    "server_topk": ("keep_fraction",),
-    "personal": ("head_steps", "body_steps", "personal_layers"),
-}
-
-#: Default Tune ranges per piece (tuning.spaces); the built-in recipes' ranges.
-PIECE_SPACES: dict[str, dict[str, dict[str, Any]]] = {
-    "sam": {"algo.rho": {"type": "uniform", "low": 0.01, "high": 1.0}},
-    "pgn": {
-        "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
-        "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
-    },
-    "blur": {"algo.blur_lambda": {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]}},
-    "topk": {"algo.keep_fraction": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "randk": {"algo.keep_fraction": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "server_topk": {"algo.keep_fraction": {"type": "uniform", "low": 0.1, "high": 1.0}},
-    "laplacian_smoothing": {"algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 3.0}},
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,15 +58,15 @@ class RecipeConfig:
         def one_of(key: str, value: Any, names: tuple[str, ...]) -> None:
             _check(value in names, f"recipe.{key}", value, f"must be one of {', '.join(names)}")
 
-        one_of("step", self.step, STEPS)
+        one_of("step", self.step, registry.names("step"))
         if self.regularizer is not None:
-            one_of("regularizer", self.regularizer, REGULARIZERS)
+            one_of("regularizer", self.regularizer, registry.names("regularizer"))
         if self.constraint is not None:
-            one_of("constraint", self.constraint, CONSTRAINTS)
+            one_of("constraint", self.constraint, registry.names("constraint"))
         for name in self.client_transforms:
-            one_of("client_transforms", name, CLIENT_TRANSFORMS)
+            one_of("client_transforms", name, registry.names("client_transform"))
         for name in self.server_transforms:
-            one_of("server_transforms", name, SERVER_TRANSFORMS)
+            one_of("server_transforms", name, registry.names("server_transform"))
         one_of("noise_support", self.noise_support, NOISE_SUPPORTS)
         for key in ("client_transforms", "server_transforms"):
             names = getattr(self, key)
@@ -119,70 +91,49 @@ def pieces(recipe: Any) -> list[str]:
 
 def hyperparameters(recipe: Any) -> tuple[str, ...]:
     """The ``algo.*`` keys a composed recipe reads."""
-    names = [h for p in pieces(recipe) for h in PIECE_HYPERPARAMETERS.get(p, ())]
+    names = [h for p in pieces(recipe) for h in registry.piece_keys(p)]
     return tuple(dict.fromkeys(names))
 
 
 def default_space(recipe: Any) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for p in pieces(recipe):
-        out.update(PIECE_SPACES.get(p, {}))
-    return out
+    """Tune's default ranges for a composed recipe: those its pieces declare."""
+    return registry.space(pieces(recipe))
 
 
 def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, model_name=None):
     """The :class:`~algorithms.pipeline.Pipeline` of a recipe's pieces: the one place
     pieces are constructed, for ``algorithm: custom`` and for every built-in recipe
-    (whose spelling :func:`algorithms.recipes.build_pipeline` passes here)."""
+    (whose spelling :func:`algorithms.recipes.build_pipeline` passes here). Each piece
+    is made by its registered builder (:mod:`algorithms.registry`)."""
     import math
 
-    from algorithms.builders import fed_ls_default_sigma
-    from algorithms.builders import pick as _pick
-    from algorithms.builders import privatizer as _priv
-    from algorithms.builders import sam_step as _sam
     from algorithms.pipeline import (
-        BLUR,
-        LUS,
-        BallProjection,
+        GaussianPrivatizer,
         LaplacianSmoothing,
-        PersonalSplit,
         PGNDirection,
         PGNDriftRemoval,
         PGNDriftRestore,
-        PGNStep,
         Pipeline,
-        RandK,
-        ServerTopK,
-        TopK,
     )
 
-    a = algo
     C = clip_norm if recipe.private else math.inf
-    pgn = recipe.step == "pgn"
+    ctx = BuildContext(clip_norm=C, model_name=model_name, recipe=recipe)
+
+    def make(name: str) -> Any:
+        spec = registry.spec(name)
+        return spec.build(spec.piece_class(), algo, ctx)
+
     kw: dict[str, Any] = {}
-    if recipe.step == "sam":
-        kw["step"] = _sam(a)
-    if recipe.regularizer == "blur":
-        kw["regularizer"] = BLUR(_pick(a.blur_lambda, 0.4), C)
-    if recipe.constraint == "ball":
-        kw["constraint"] = BallProjection(C)
-    client = {
-        "topk": lambda: TopK(_pick(a.keep_fraction, 0.5)),
-        "randk": lambda: RandK(_pick(a.keep_fraction, 0.5), rescale=a.randk_rescale),
-        "lus": lambda: LUS(_pick(a.zero_fraction, 0.7)),
-    }
-    client_transforms = [client[name]() for name in recipe.client_transforms]
-    smoothing_sigma = 0.01 if pgn else fed_ls_default_sigma(model_name)
-    server = {
-        "laplacian_smoothing": lambda: LaplacianSmoothing(
-            _pick(a.sigma_ls, smoothing_sigma), a.ls_scope
-        ),
-        "server_topk": lambda: ServerTopK(_pick(a.keep_fraction, 0.4)),
-    }
-    server_transforms = [server[name]() for name in recipe.server_transforms]
-    if pgn:  # DP-FedPGN's public drift and server update come with its step
-        beta, rho = _pick(a.beta, 0.3), _pick(a.rho, 0.2)
-        kw["step"] = PGNStep(beta=beta, rho=rho)
+    if recipe.step != "sgd":
+        kw["step"] = make(recipe.step)
+    if recipe.regularizer is not None:
+        kw["regularizer"] = make(recipe.regularizer)
+    if recipe.constraint is not None:
+        kw["constraint"] = make(recipe.constraint)
+    client_transforms = [make(name) for name in recipe.client_transforms]
+    server_transforms = [make(name) for name in recipe.server_transforms]
+    if recipe.step == "pgn":  # DP-FedPGN's public drift and server update come with its step
+        beta = kw["step"].beta
         client_transforms.insert(0, PGNDriftRemoval(beta))  # transforms see Δ̄
         smoothing = [t for t in server_transforms if isinstance(t, LaplacianSmoothing)]
         server_transforms = [t for t in server_transforms if t not in smoothing]
@@ -193,9 +144,11 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
             plain_sgd=True,
         )
     if recipe.private:
-        kw["privatizer"] = _priv(C, noise_multiplier, a, support=recipe.noise_support)
+        kw["privatizer"] = GaussianPrivatizer(
+            C, noise_multiplier, site=algo.noise_site, noise_support=recipe.noise_support
+        )
     if recipe.personal:
-        kw["personal"] = PersonalSplit(a.personal_layers, a.head_steps, a.body_steps)
+        kw["personal"] = make("personal")
     return Pipeline(
         client_transforms=tuple(client_transforms),
         server_transforms=tuple(server_transforms),

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from algorithms import piece_specs as keys
 from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
 from algorithms.pieces.regularizers import blur_loss
 from algorithms.pieces.smoothing import smooth_flat
@@ -36,13 +37,11 @@ Grads = list[torch.Tensor]
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
-    """A piece's field check: ValueError naming the config key and its value."""
+    """A piece's check of a field that is not an ``algo.*`` key: ValueError naming the
+    config key and its value. An ``algo.*`` field is checked by its key's declaration
+    (:mod:`algorithms.piece_specs`), the rule the config applies too."""
     if not ok:
         raise ValueError(f"{key}={value!r} {rule}")
-
-
-def _fraction_kept(value: float) -> None:
-    _require(0.0 < value <= 1.0, "algo.keep_fraction", value, "must be in (0, 1]")
 
 
 # ----------------------------------------------------------------------- step rules
@@ -64,7 +63,7 @@ class SAMStep:
     asam: bool
 
     def __post_init__(self) -> None:
-        _require(self.rho >= 0, "algo.rho", self.rho, "must be >= 0")
+        keys.RHO.check(self.rho)
 
     def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
         return sam_gradients(params, closure, self.rho, self.asam)
@@ -78,8 +77,8 @@ class PGNStep:
     rho: float
 
     def __post_init__(self) -> None:
-        _require(0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]")
-        _require(self.rho >= 0, "algo.rho", self.rho, "must be >= 0")
+        keys.BETA.check(self.beta)
+        keys.RHO.check(self.rho)
 
     def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
         return pgn_gradients(
@@ -98,7 +97,7 @@ class BLUR:
     clip_norm: float
 
     def __post_init__(self) -> None:
-        _require(self.lam >= 0, "algo.blur_lambda", self.lam, "must be >= 0")
+        keys.BLUR_LAMBDA.check(self.lam)
         _require(self.clip_norm > 0, "privacy.clip_norm", self.clip_norm, "must be > 0")
 
     def loss(self, params: Grads, anchor: Grads) -> torch.Tensor:
@@ -158,7 +157,7 @@ class TopK:
     public_mask = False
 
     def __post_init__(self) -> None:
-        _fraction_kept(self.fraction)
+        keys.KEEP_FRACTION.check(self.fraction)
 
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return keep_topk(delta, self.fraction)
@@ -173,7 +172,7 @@ class RandK:
     public_mask = True
 
     def __post_init__(self) -> None:
-        _fraction_kept(self.fraction)
+        keys.KEEP_FRACTION.check(self.fraction)
 
     def mask(self, d: int, generator: torch.Generator) -> torch.Tensor:
         return randk_mask(d, self.fraction, generator)
@@ -191,12 +190,7 @@ class LUS:
     public_mask = False
 
     def __post_init__(self) -> None:
-        _require(
-            0 <= self.zero_fraction < 1,
-            "algo.zero_fraction",
-            self.zero_fraction,
-            "must be in [0, 1)",
-        )
+        keys.ZERO_FRACTION.check(self.zero_fraction)
 
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return lus_sparsify(delta, ctx["local_gradient"](), self.zero_fraction)
@@ -210,7 +204,7 @@ class PGNDriftRemoval:
     public_mask = False
 
     def __post_init__(self) -> None:
-        _require(0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]")
+        keys.BETA.check(self.beta)
 
     def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         g = ctx.get("g_tilde")
@@ -274,7 +268,7 @@ class PGNDriftRestore:
     beta: float
 
     def __post_init__(self) -> None:
-        _require(0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]")
+        keys.BETA.check(self.beta)
 
     def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         g = ctx.get("g_tilde")
@@ -291,13 +285,8 @@ class LaplacianSmoothing:
     scope: str = "tensor"
 
     def __post_init__(self) -> None:
-        _require(self.sigma_ls >= 0, "algo.sigma_ls", self.sigma_ls, "must be >= 0")
-        _require(
-            self.scope in ("tensor", "model", "weights"),
-            "algo.ls_scope",
-            self.scope,
-            "must be tensor, model or weights",
-        )
+        keys.SIGMA_LS.check(self.sigma_ls)
+        keys.LS_SCOPE.check(self.scope)
 
     def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return smooth_flat(avg, ctx["shapes"], self.sigma_ls, self.scope)
@@ -310,7 +299,7 @@ class ServerTopK:
     fraction: float
 
     def __post_init__(self) -> None:
-        _fraction_kept(self.fraction)
+        keys.KEEP_FRACTION.check(self.fraction)
 
     def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
         return keep_topk(avg, self.fraction)
@@ -337,9 +326,9 @@ class PersonalSplit:
     body_steps: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.layers >= 1, "algo.personal_layers", self.layers, "must be >= 1")
-        for key, v in (("algo.head_steps", self.head_steps), ("algo.body_steps", self.body_steps)):
-            _require(v is None or v >= 1, key, v, "must be >= 1 (or null: the default)")
+        keys.PERSONAL_LAYERS.check(self.layers)
+        keys.HEAD_STEPS.check(self.head_steps)
+        keys.BODY_STEPS.check(self.body_steps)
 
 
 @dataclass(frozen=True)

@@ -15,23 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from algorithms.builders import (  # noqa: F401 (the FED_LS_* constants are re-exported)
-    FED_LS_SIGMA_BY_MODEL,
-    FED_LS_SIGMA_OTHER,
-    fed_ls_default_sigma,
-)
+from algorithms import registry
 from algorithms.catalog import CATALOG
 from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
-from algorithms.pipeline import (
-    LUS,
-    LaplacianSmoothing,
-    PGNStep,
-    Pipeline,
-    RandK,
-    SAMStep,
-    ServerTopK,
-    TopK,
-)
+from algorithms.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -46,8 +33,8 @@ class Recipe:
     spelling: Spelling
     method: str = ""  # "DP-FedAvg (McMahan et al., ICLR 2018)": the README's method column
     hyperparameter_doc: str = ""  # the README's "hyperparameters (default)" cell
-    #: Tune's default range per config key (tuning.spaces adds the common keys)
-    search_space: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Tune ranges beyond (or instead of) those its pieces declare (algorithms.registry)
+    own_space: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: values for ``algo`` keys left null where this recipe's default differs from the
     #: piece's (DP-FedSAM-top_k keeps 0.4 at either top-k site)
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +42,16 @@ class Recipe:
     #: fixed-size draws) or ``epochs`` (passes over the population in disjoint cohorts,
     #: with tree-aggregated noise: DP-FTRL, docs/algorithms.md §11)
     participation: str = "sampled"
+
+    @property
+    def search_space(self) -> dict[str, dict[str, Any]]:
+        """Tune's default range per config key (tuning.spaces adds the common keys): the
+        ranges its pieces declare (the spelling of the default ``algo:`` section), then
+        :attr:`own_space`."""
+        from algorithms.compose import RecipeConfig, pieces
+
+        spelling = RecipeConfig(private=self.private, **self.spelling(registry.defaults()))
+        return {**registry.space(pieces(spelling)), **self.own_space}
 
 
 #: Each built-in recipe is a spelling of :mod:`algorithms.compose`: the pieces it names
@@ -93,7 +90,7 @@ def _recipe(
     shares: str,
     hyperparameter_doc: str,
     departure: str,
-    search_space: dict[str, dict[str, Any]] | None = None,
+    own_space: dict[str, dict[str, Any]] | None = None,
     defaults: dict[str, Any] | None = None,
     participation: str = "sampled",
 ) -> Recipe:
@@ -111,21 +108,29 @@ def _recipe(
         spelling,
         method=method,
         hyperparameter_doc=hyperparameter_doc,
-        search_space=search_space or {},
+        own_space=own_space or {},
         defaults=defaults or {},
         participation=participation,
     )
 
 
+def _correlated(
+    name: str, hyperparameters: tuple[str, ...], participation: str, **texts: Any
+) -> Recipe:
+    """DP-FTRL or DP-BandMF: the clipping of ``dp_fedavg`` with correlated noise and its
+    own server step (the privatizer :func:`build_pipeline` swaps in), searched over the
+    server's lr and momentum (and the keys ``texts["own_space"]`` adds)."""
+    space = {
+        "server.lr": {"type": "loguniform", "low": 0.03, "high": 3.0},
+        "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
+        **texts.pop("own_space", {}),
+    }
+    return _recipe(
+        name, hyperparameters, _fixed(), participation=participation, own_space=space, **texts
+    )
+
+
 _SAM_HP = ("rho", "asam")
-#: Tune's default ranges (tuning.spaces), shared where recipes share a hyperparameter.
-_RHO_SAM = {"type": "uniform", "low": 0.01, "high": 1.0}
-_BLUR_LAMBDA = {"type": "choice", "values": [0.05, 0.1, 0.2, 0.4, 0.8]}
-_FRACTION = {"type": "uniform", "low": 0.1, "high": 1.0}
-_PGN = {
-    "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
-    "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
-}
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -146,7 +151,6 @@ RECIPES: dict[str, Recipe] = {
             shares="SAM step of `dp_fedsam`",
             hyperparameter_doc="`rho` (0.5), `asam` (true)",
             departure="—",
-            search_space={"algo.rho": _RHO_SAM},
         ),
         _recipe(
             "dp_fedavg",
@@ -165,7 +169,6 @@ RECIPES: dict[str, Recipe] = {
             shares="`dp_fedavg` + BLUR",
             hyperparameter_doc="`blur_lambda` (0.4)",
             departure="—",
-            search_space={"algo.blur_lambda": _BLUR_LAMBDA},
         ),
         _recipe(
             "dp_fedavg_blur_lus",
@@ -177,10 +180,6 @@ RECIPES: dict[str, Recipe] = {
             departure=(
                 "LUS runs before clipping; noise covers all d coordinates (the LUS mask is private)"
             ),
-            search_space={
-                "algo.blur_lambda": _BLUR_LAMBDA,
-                "algo.zero_fraction": {"type": "choice", "values": [0.1, 0.3, 0.5, 0.7, 0.9]},
-            },
         ),
         _recipe(
             "fedsmp_randk",
@@ -193,7 +192,6 @@ RECIPES: dict[str, Recipe] = {
                 "— (the mask is public, drawn per round from the seed; noise only on its k "
                 "coordinates)"
             ),
-            search_space={"algo.keep_fraction": _FRACTION},
         ),
         _recipe(
             "fedsmp_topk",
@@ -203,7 +201,6 @@ RECIPES: dict[str, Recipe] = {
             shares="`dp_fedavg` + top-k",
             hyperparameter_doc="`keep_fraction` = kept fraction (0.5)",
             departure="top-k support is private: noise covers all d coordinates",
-            search_space={"algo.keep_fraction": _FRACTION},
         ),
         _recipe(
             "dp_fed_ls",
@@ -218,7 +215,7 @@ RECIPES: dict[str, Recipe] = {
             departure=(
                 "— (local model projected onto the C-ball after every step; smoothing by FFT)"
             ),
-            search_space={"algo.sigma_ls": {"type": "loguniform", "low": 0.01, "high": 3.0}},
+            own_space={"algo.sigma_ls": {"type": "loguniform", "low": 0.01, "high": 3.0}},
         ),
         _recipe(
             "dp_fedsam",
@@ -231,7 +228,6 @@ RECIPES: dict[str, Recipe] = {
                 "whole-update clipping; the reference code clipped per tensor with noise sized "
                 "for C, which is not private at the stated σ"
             ),
-            search_space={"algo.rho": _RHO_SAM},
         ),
         _recipe(
             "dp_fedsam_topk",
@@ -248,7 +244,6 @@ RECIPES: dict[str, Recipe] = {
                 "after per-client noise, which is private only at each client's own noise level; "
                 "`topk_site=client` = top-k before clipping with noise on all d"
             ),
-            search_space={"algo.rho": _RHO_SAM, "algo.keep_fraction": _FRACTION},
         ),
         _recipe(
             "dp2_fedsam",
@@ -261,7 +256,6 @@ RECIPES: dict[str, Recipe] = {
                 "`personal_layers` (1)"
             ),
             departure="— (heads never leave their client; metric `personal_accuracy_nonprivate`)",
-            search_space={"algo.rho": _RHO_SAM},
         ),
         _recipe(
             "dp_fedpgn",
@@ -275,7 +269,6 @@ RECIPES: dict[str, Recipe] = {
                 "norms, which is not private; every client runs exactly K local steps (plain "
                 "SGD) so the public drift is removed and restored exactly"
             ),
-            search_space=_PGN,
         ),
         _recipe(
             "dp_fedpgn_ls",
@@ -288,16 +281,12 @@ RECIPES: dict[str, Recipe] = {
                 "as `dp_fedpgn`; smoothing by the FFT operator (the reference stencil amplifies "
                 "high frequencies)"
             ),
-            search_space={
-                **_PGN,
-                "algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0},
-            },
+            own_space={"algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0}},
         ),
-        _recipe(
+        _correlated(
             "dp_ftrl",
             ("server_momentum",),
-            _fixed(),
-            participation="epochs",
+            "epochs",
             method="DP-FTRL (Kairouz et al., ICML 2021)",
             shares="clipping of `dp_fedavg`; its own noise and server step",
             hyperparameter_doc=(
@@ -308,16 +297,11 @@ RECIPES: dict[str, Recipe] = {
                 "online tree estimator (not the honest one); the tree, prefix sum and momentum "
                 "restart every epoch; clients send model deltas, so x = x_epoch + η·M"
             ),
-            search_space={
-                "server.lr": {"type": "loguniform", "low": 0.03, "high": 3.0},
-                "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
-            },
         ),
-        _recipe(
+        _correlated(
             "dp_bandmf",
             ("server_momentum", "bands"),
-            _fixed(),
-            participation="bands",
+            "bands",
             method="DP-BandMF (Choquette-Choo et al., NeurIPS 2023)",
             shares="clipping of `dp_fedavg`; server momentum of `dp_ftrl`",
             hyperparameter_doc=(
@@ -328,11 +312,7 @@ RECIPES: dict[str, Recipe] = {
                 "no amplification (the paper's amplified variant samples within the groups); "
                 "strategy optimised for the prefix-sum workload only; model deltas, not gradients"
             ),
-            search_space={
-                "server.lr": {"type": "loguniform", "low": 0.03, "high": 3.0},
-                "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
-                "algo.bands": {"type": "choice", "values": [1, 2, 4, 8]},
-            },
+            own_space={"algo.bands": {"type": "choice", "values": [1, 2, 4, 8]}},
         ),
     )
 }
@@ -381,7 +361,7 @@ def build_pipeline(
     :func:`algorithms.compose.build`, exactly as ``algorithm: custom`` with that
     ``recipe:`` section; ``name="custom"`` builds ``recipe`` (algorithms.compose.RecipeConfig).
     ``model_name`` (``model.name``) selects the defaults that depend on the model kind
-    (DP-Fed-LS's σ_ls, :func:`fed_ls_default_sigma`). Public config only."""
+    (DP-Fed-LS's σ_ls, :func:`algorithms.piece_specs.fed_ls_default_sigma`). Public config only."""
     from algorithms.compose import RecipeConfig
     from algorithms.compose import build as build_composed
 
@@ -395,24 +375,20 @@ def build_pipeline(
         algo = dataclasses.replace(algo, **unset)
     spelling = RecipeConfig(private=built_in.private, **built_in.spelling(algo))
     pipeline = build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
+    if built_in.participation == "sampled":
+        return pipeline
     momentum = FTRL_MOMENTUM if algo.server_momentum is None else algo.server_momentum
+    privatizer: TreeAggregationPrivatizer | BandedMFPrivatizer
     if built_in.participation == "epochs":  # DP-FTRL: tree-aggregated noise, own step
-        assert pipeline.privatizer is not None
-        pipeline = dataclasses.replace(
-            pipeline,
-            privatizer=TreeAggregationPrivatizer(
-                clip_norm, noise_multiplier, momentum, site=algo.noise_site
-            ),
+        privatizer = TreeAggregationPrivatizer(
+            clip_norm, noise_multiplier, momentum, site=algo.noise_site
         )
-    elif built_in.participation == "bands":  # DP-BandMF: banded correlated noise
+    else:  # DP-BandMF: banded correlated noise
         bands = BANDMF_BANDS if algo.bands is None else algo.bands
-        pipeline = dataclasses.replace(
-            pipeline,
-            privatizer=BandedMFPrivatizer(
-                clip_norm, noise_multiplier, momentum, bands, site=algo.noise_site
-            ),
+        privatizer = BandedMFPrivatizer(
+            clip_norm, noise_multiplier, momentum, bands, site=algo.noise_site
         )
-    return pipeline
+    return dataclasses.replace(pipeline, privatizer=privatizer)
 
 
 def participation(name: str) -> str:
@@ -421,31 +397,18 @@ def participation(name: str) -> str:
 
 
 def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
-    """Hyperparameters actually used, keyed by the last part of their config key."""
+    """Hyperparameters actually used, keyed by the last part of their config key: what
+    each piece reports (algorithms.registry), in engine order, then PGN's smoothing of
+    g̃, the personal split's and the correlated-noise privatizers'."""
     out: dict[str, Any] = {}
-    step = pipeline.step
-    if isinstance(step, SAMStep):
-        out.update(rho=step.rho, asam=step.asam)
-    if isinstance(step, PGNStep):
-        out.update(beta=step.beta, rho=step.rho)
-    if pipeline.regularizer is not None:
-        out["blur_lambda"] = pipeline.regularizer.lam
+    for piece in (pipeline.step, pipeline.regularizer, pipeline.constraint):
+        out.update(registry.report(piece, pipeline))
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):
-        if isinstance(t, LUS):
-            out["zero_fraction"] = t.zero_fraction
-        elif isinstance(t, (TopK, RandK, ServerTopK)):
-            out["keep_fraction"] = t.fraction
-            if isinstance(t, RandK):
-                out["randk_rescale"] = t.rescale
-        elif isinstance(t, LaplacianSmoothing):
-            out.update(sigma_ls=t.sigma_ls, ls_scope=t.scope)
-            out["ls_local"] = "project" if pipeline.constraint is not None else "clip_once"
+        out.update(registry.report(t, pipeline))
     if pipeline.server_update is not None and pipeline.server_update.smoothing is not None:
         s = pipeline.server_update.smoothing
         out.update(sigma_ls=s.sigma_ls, ls_scope=s.scope)
-    if pipeline.personal is not None:
-        p = pipeline.personal
-        out.update(personal_layers=p.layers, head_steps=p.head_steps, body_steps=p.body_steps)
+    out.update(registry.report(pipeline.personal, pipeline))
     if isinstance(pipeline.privatizer, (TreeAggregationPrivatizer, BandedMFPrivatizer)):
         out["server_momentum"] = pipeline.privatizer.momentum
     if isinstance(pipeline.privatizer, BandedMFPrivatizer):

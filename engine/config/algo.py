@@ -1,90 +1,48 @@
-"""The ``algo:`` section: the recipes' hyperparameters (``None``: the recipe's default)."""
+"""The ``algo:`` section: the recipes' hyperparameters, declared by the pieces that read
+them (:mod:`algorithms.registry`); ``None`` means the recipe's (paper's) default.
+
+:class:`AlgoConfig` is a frozen dataclass made from the registry's keys, in their order,
+each validated by its declaration (one rule and one message per key). A piece registered
+later (an extension, a test's toy piece) adds its keys: :func:`algo_config_class` gives
+the class for the registry as it is now, the same class object for the same keys, and
+:data:`AlgoConfig` names the class of the built-in pieces (and, while a piece is
+registered, the class with its keys, so that configs holding them pickle).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from typing import Any
 
-from engine.errors import check as _check
+from algorithms import registry
+from algorithms.spec import Key
+
+_CLASSES: dict[tuple[Key, ...], type] = {}
 
 
-@dataclass(frozen=True, kw_only=True)
-class AlgoConfig:
-    """Recipe hyperparameters; ``None`` means the recipe's (paper's) default."""
+def _post_init(self: Any) -> None:
+    for key in registry.algo_keys():
+        if hasattr(self, key.name):
+            key.check(getattr(self, key.name))
 
-    rho: float | None = None
-    asam: bool | None = None
-    beta: float | None = None
-    sigma_ls: float | None = None
-    ls_scope: str = "tensor"
-    ls_local: str = "project"  # DP-Fed-LS local bounding: project (paper) or clip_once
-    keep_fraction: float | None = None  # top-k, rand-k, server top-k: kept fraction p
-    zero_fraction: float | None = None  # LUS: zeroed fraction c
-    topk_site: str = "server"
-    randk_rescale: bool = False
-    blur_lambda: float | None = None
-    server_momentum: float | None = None  # DP-FTRL: momentum γ on noisy prefix sums
-    bands: int | None = None  # DP-BandMF: bands b of the strategy (b-min-separation)
-    head_steps: int | None = None
-    body_steps: int | None = None
-    personal_layers: int = 1
-    noise_site: str = "server"
-    client_state: str = "memory"
 
-    def __post_init__(self) -> None:
-        for key in ("rho", "sigma_ls", "blur_lambda"):
-            v = getattr(self, key)
-            _check(v is None or v >= 0, f"algo.{key}", v, "must be >= 0")
-        _check(
-            self.beta is None or 0 <= self.beta <= 1, "algo.beta", self.beta, "must be in [0, 1]"
+def algo_config_class() -> type:
+    """The ``algo:`` section's dataclass for the currently registered keys."""
+    keys = registry.algo_keys()
+    cls = _CLASSES.get(keys)
+    if cls is None:
+        cls = dataclasses.make_dataclass(
+            "AlgoConfig",
+            [(k.name, k.type, dataclasses.field(default=k.default)) for k in keys],
+            namespace={"__post_init__": _post_init, "__doc__": __doc__},
+            frozen=True,
+            kw_only=True,
         )
-        _check(
-            self.keep_fraction is None or 0 < self.keep_fraction <= 1,
-            "algo.keep_fraction",
-            self.keep_fraction,
-            "(kept fraction) must be in (0, 1]",
-        )
-        _check(
-            self.zero_fraction is None or 0 <= self.zero_fraction < 1,
-            "algo.zero_fraction",
-            self.zero_fraction,
-            "(zeroed fraction) must be in [0, 1)",
-        )
-        _check(
-            self.ls_scope in ("tensor", "model", "weights"),
-            "algo.ls_scope",
-            self.ls_scope,
-            "must be tensor, model or weights",
-        )
-        _check(
-            self.ls_local in ("project", "clip_once"),
-            "algo.ls_local",
-            self.ls_local,
-            "must be project (per-step ball projection) or clip_once",
-        )
-        _check(
-            self.topk_site in ("server", "client"),
-            "algo.topk_site",
-            self.topk_site,
-            "must be server (top-k of the noisy aggregate) or client (before clipping)",
-        )
-        for key in ("head_steps", "body_steps"):
-            v = getattr(self, key)
-            _check(v is None or v >= 1, f"algo.{key}", v, "must be >= 1")
-        m = self.server_momentum
-        _check(m is None or 0 <= m < 1, "algo.server_momentum", m, "must be in [0, 1)")
-        _check(self.bands is None or self.bands >= 1, "algo.bands", self.bands, "must be >= 1")
-        _check(
-            self.personal_layers >= 1, "algo.personal_layers", self.personal_layers, "must be >= 1"
-        )
-        _check(
-            self.noise_site in ("server", "client"),
-            "algo.noise_site",
-            self.noise_site,
-            "must be server or client",
-        )
-        _check(
-            self.client_state in ("memory", "disk"),
-            "algo.client_state",
-            self.client_state,
-            "must be memory or disk",
-        )
+        cls.__module__ = __name__
+        _CLASSES[keys] = cls
+    globals()["AlgoConfig"] = cls  # what pickle finds by name
+    return cls
+
+
+#: The ``algo:`` section's class (see :func:`algo_config_class`).
+AlgoConfig: Any = algo_config_class()

@@ -1,21 +1,26 @@
 """One line of documentation per config key, and the commented YAML of ``dpfl config``.
 
-:data:`KEY_HELP` is the single place the command line takes key descriptions from
-(``dpfl config``, ``dpfl run --help``); a test checks it covers every key of
+:func:`key_help` (:data:`KEY_HELP`, and the ``algo.*`` keys as their pieces declare them
+in :mod:`algorithms.registry`) is the single place the command line takes key
+descriptions from (``dpfl config``, ``dpfl run --help``); a test checks it covers every key of
 :class:`engine.config.RunConfig`, so a new key without a description fails CI.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import textwrap
 from typing import Any
 
 import yaml
 
+from algorithms import registry
 from engine.config.schema import RunConfig
 from engine.config.sections import DEFAULT_EPSILON
 
+#: Help of every key but the ``algo.*`` ones, which their pieces declare
+#: (:func:`algorithms.registry.key_help`); :func:`key_help` holds both.
 KEY_HELP: dict[str, str] = {
     "algorithm": "the recipe; one of `dpfl algorithms`, or custom (the recipe: section)",
     "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
@@ -85,28 +90,6 @@ KEY_HELP: dict[str, str] = {
     "local.lr_decay": "local lr at round t is lr * decay^t",
     "local.momentum": "local SGD momentum (fresh optimizer per client)",
     "local.weight_decay": "local SGD weight decay",
-    "algo.rho": "SAM radius (null: the recipe's default)",
-    "algo.asam": "adaptive SAM (null: the recipe's default)",
-    "algo.beta": "PGN gradient mixing weight in [0, 1] (null: recipe default)",
-    "algo.sigma_ls": "Laplacian smoothing strength (null: recipe default; dp_fed_ls: "
-    "1.0 for logreg/cnn, 0.01 for other models)",
-    "algo.ls_scope": "Laplacian smoothing per tensor, over the whole model, or weights "
-    "(each weight tensor of >= 2 dims; biases unsmoothed)",
-    "algo.ls_local": "DP-Fed-LS local bounding: project (ball after every step, the paper) "
-    "or clip_once (clip the final update only)",
-    "algo.keep_fraction": "kept fraction p of top-k, rand-k and server top-k",
-    "algo.zero_fraction": "zeroed fraction c of LUS",
-    "algo.topk_site": "top-k of the noisy aggregate (server) or before clipping (client)",
-    "algo.randk_rescale": "rand-k: scale kept coordinates by d/k",
-    "algo.blur_lambda": "BLUR weight lambda (null: recipe default)",
-    "algo.server_momentum": "DP-FTRL: momentum on the noisy prefix sums (null: 0.9)",
-    "algo.bands": "DP-BandMF: bands b of the strategy; clients join one of any b rounds "
-    "(null: min(4, N/m))",
-    "algo.head_steps": "DP2-FedSAM: local steps on the personal head",
-    "algo.body_steps": "DP2-FedSAM: local steps on the shared body",
-    "algo.personal_layers": "DP2-FedSAM: number of last Linear layers kept personal",
-    "algo.noise_site": "add noise at the server, or at clients (fixed-size sampling only)",
-    "algo.client_state": "per-client state in memory or on disk under out/client_state/",
     "recipe.private": "algorithm=custom: clip to C and add calibrated noise (false: neither)",
     "recipe.step": "algorithm=custom: local step rule, sgd, sam or pgn (with PGN's drift)",
     "recipe.regularizer": "algorithm=custom: null or blur (penalise updates longer than C)",
@@ -131,6 +114,11 @@ KEY_HELP: dict[str, str] = {
     "ray.server": "where the server runs: auto (driver on a one-node cluster, else actor), "
     "actor or driver; same results",
 }
+
+
+def key_help() -> dict[str, str]:
+    """One line of help per config key: :data:`KEY_HELP` and the registered pieces' keys."""
+    return {**KEY_HELP, **registry.key_help()}
 
 
 def config_keys(config: RunConfig | None = None) -> dict[str, Any]:
@@ -165,6 +153,7 @@ def commented_yaml(config: RunConfig | None = None) -> str:
         "# defaults; dpfl run --set KEY=VALUE overrides one key, e.g. --set local.lr=0.1.",
     ]
     section = None
+    help_text = key_help()
     keys = config_keys(config)
     if keys["privacy.epsilon"] == DEFAULT_EPSILON and keys["privacy.noise_multiplier"] is None:
         keys["privacy.epsilon"] = None  # the default; null so that setting sigma alone works
@@ -174,7 +163,7 @@ def commented_yaml(config: RunConfig | None = None) -> str:
             if head:
                 lines.append(f"{head}:")
             section = head
-        lines.append(_line("  " if head else "", leaf, value, KEY_HELP.get(dotted, "")))
+        lines.append(_line("  " if head else "", leaf, value, help_text.get(dotted, "")))
     return "\n".join(lines) + "\n"
 
 
@@ -191,3 +180,12 @@ def keys_epilog() -> str:
     lines.append("`dpfl config` prints every key with its default and meaning;")
     lines.append("the README's Configuration reference explains each one.")
     return "\n".join(lines)
+
+
+def missing_from_reference(readme: str) -> list[str]:
+    """The config keys the README's *Configuration reference* table does not name (each
+    key appears there in backquotes, alone or beside related keys); a key added to the
+    tree, e.g. by a newly registered piece, is listed here until its row is written."""
+    table = readme.split("## Configuration reference", 1)[-1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)?)`", table))
+    return [key for key in config_keys() if key not in named]

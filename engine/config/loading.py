@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from algorithms.compose import RecipeConfig
+from engine.config.algo import algo_config_class
 from engine.config.schema import CUSTOM, RunConfig
 from engine.errors import ConfigError
 
@@ -103,7 +104,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
             if key in RENAMED:
                 raise ConfigError(f"{key}: renamed; {RENAMED[key]}")
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(known))})")
-        tp = hints[k]
+        tp = algo_config_class() if cls is RunConfig and k == "algo" else hints[k]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[k] = _build(tp, v, f"{key}.")
         else:

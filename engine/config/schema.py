@@ -16,7 +16,7 @@ from typing import Any
 
 from algorithms.catalog import CATALOG
 from algorithms.compose import RecipeConfig
-from engine.config.algo import AlgoConfig
+from engine.config.algo import algo_config_class
 from engine.config.sections import (
     HELD_OUT_FRACTION,
     DatasetConfig,
@@ -49,7 +49,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    algo: Any = field(default_factory=lambda: algo_config_class()())  # engine.config.algo
     server: ServerConfig = field(default_factory=ServerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)

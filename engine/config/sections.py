@@ -13,7 +13,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.data.leaf import LEAF_SOURCES
+from engine.data.torchvision_sources import TORCHVISION_SOURCES
 from engine.errors import check as _check
+
+#: ``dataset.name``: the sources engine.data reads (synthetic, digits, torchvision's, LEAF's).
+DATASET_NAMES = ("synthetic", "digits", *TORCHVISION_SOURCES, *LEAF_SOURCES)
+#: Sources whose clients exist in the data (``dataset.partition=natural``).
+NATURAL_PARTITIONS = ("synthetic", *LEAF_SOURCES)
+#: The image sources each ``dataset.normalize`` mode applies to (FEMNIST's LEAF files
+#: hold pixels already in [0, 1], without published per-channel constants).
+NORMALIZE_MODES: dict[str, tuple[str, ...]] = {
+    "standardize": (*TORCHVISION_SOURCES, "digits"),
+    "unit_interval": (*TORCHVISION_SOURCES, "digits", "femnist"),
+}
 
 #: Share of each client's data held out when a metric needs it (personalised recipes,
 #: membership inference) and ``dataset.client_test_fraction`` is null; also what a
@@ -48,18 +61,7 @@ class DatasetConfig:
     normalize: str | None = None
 
     def __post_init__(self) -> None:
-        names = (
-            "synthetic",
-            "digits",
-            "mnist",
-            "fashion_mnist",
-            "emnist",
-            "cifar10",
-            "cifar100",
-            "svhn",
-            "femnist",
-            "shakespeare",
-        )
+        names = DATASET_NAMES
         _check(self.name in names, "dataset.name", self.name, f"must be one of {names}")
         _check(self.num_clients >= 1, "dataset.num_clients", self.num_clients, "must be >= 1")
         _check(
@@ -75,7 +77,7 @@ class DatasetConfig:
             self.client_test_fraction,
             "must be in [0, 1)",
         )
-        natural_ok = ("synthetic", "femnist", "shakespeare")
+        natural_ok = NATURAL_PARTITIONS
         _check(
             self.partition != "natural" or self.name in natural_ok,
             "dataset.partition",
@@ -83,27 +85,7 @@ class DatasetConfig:
             f"natural clients exist only for {natural_ok}; "
             f"use iid or dirichlet for dataset.name={self.name}",
         )
-        modes = {
-            "standardize": (
-                "mnist",
-                "fashion_mnist",
-                "emnist",
-                "cifar10",
-                "cifar100",
-                "svhn",
-                "digits",
-            ),
-            "unit_interval": (
-                "mnist",
-                "fashion_mnist",
-                "emnist",
-                "cifar10",
-                "cifar100",
-                "svhn",
-                "digits",
-                "femnist",
-            ),
-        }
+        modes = NORMALIZE_MODES
         _check(
             self.normalize is None or self.normalize in modes,
             "dataset.normalize",

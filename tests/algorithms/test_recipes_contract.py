@@ -234,7 +234,7 @@ def test_client_side_noise_has_the_central_distribution() -> None:
 
 
 def test_dp_fed_ls_sigma_default_follows_the_model_kind() -> None:
-    from algorithms.recipes import FED_LS_SIGMA_OTHER
+    from algorithms.piece_specs import FED_LS_SIGMA_OTHER
 
     def sigma(model: str | None, **algo) -> float:
         pipe = build_pipeline("dp_fed_ls", AlgoConfig(**algo), 1.0, 1.0, model)
@@ -253,7 +253,7 @@ def test_dp_fed_ls_sigma_default_follows_the_model_kind() -> None:
 
 
 def test_dp_fed_ls_model_kind_default_is_the_sigma_the_server_smooths_with(tmp_path) -> None:
-    from algorithms.recipes import FED_LS_SIGMA_OTHER
+    from algorithms.piece_specs import FED_LS_SIGMA_OTHER
 
     z = "privacy.noise_multiplier=1"
     default = run("algorithm=dp_fed_ls", z, "model.name=mlp", f"out={tmp_path}/d", write=True)

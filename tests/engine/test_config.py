@@ -97,3 +97,33 @@ def test_round_trip_and_frozen() -> None:
     with pytest.raises(AttributeError):
         cfg.seed = 4  # type: ignore[misc]
     assert isinstance(RunConfig(), RunConfig)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.rho=-1", "algo.rho=-1.0: must be >= 0"),
+        ("algo.beta=2", "algo.beta=2.0: must be in [0, 1]"),
+        ("algo.keep_fraction=0", "algo.keep_fraction=0.0: (kept fraction) must be in (0, 1]"),
+        ("algo.zero_fraction=1", "algo.zero_fraction=1.0: (zeroed fraction) must be in [0, 1)"),
+        ("algo.ls_scope=rows", "algo.ls_scope='rows': must be tensor, model or weights"),
+        ("algo.head_steps=0", "algo.head_steps=0: must be >= 1"),
+        ("algo.personal_layers=0", "algo.personal_layers=0: must be >= 1"),
+        ("algo.noise_site=edge", "algo.noise_site='edge': must be server or client"),
+    ],
+)
+def test_algo_keys_are_checked_by_their_declaration(override: str, message: str) -> None:
+    """Each algo.* key's rule and message are declared once, by the piece that reads it
+    (algorithms.piece_specs); the config applies that declaration."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert str(info.value) == message
+
+
+def test_the_readme_reference_names_every_config_key() -> None:
+    from pathlib import Path
+
+    from engine.config.doc import missing_from_reference
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert missing_from_reference(readme) == []
