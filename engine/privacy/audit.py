@@ -32,6 +32,10 @@ Estimation for Federated Learning" (ICLR 2024). With ``eval.audit_canaries=K``:
   K canaries as independent trials (the one-run heuristic), and with K canaries it
   cannot exceed about log(K).
 
+Correlated noise (``dp_ftrl``, ``dp_bandmf``): the canaries follow the recipe's
+participation rule instead of rate q, and the every-round statistic is the whitened
+matched filter over the trajectory; see :mod:`engine.privacy.audit_correlated`.
+
 Neither number is a privacy guarantee or a release: both are *diagnostics* of this
 run under this threat model (an adversary who inserts canary clients and sees the
 final model, or every model), hence the ``_nonprivate`` suffix of their columns.
