@@ -93,8 +93,8 @@ def sample_cohort(
     if spec.mode == "bands":  # banded MF: b-min-separation, one group of clients per round
         assert spec.cohort_size is not None and spec.bands is not None and not secure
         return banded_mf.group_cohort(seed, rnd, n, spec.cohort_size, spec.bands)
-    if secure:
-        src = rngs.SecureRandom()
+    src = rngs.Randomness(seed, secure).cohort_stream(rnd)
+    if isinstance(src, rngs.SecureRandom):
         if spec.mode == "fixed":
             assert spec.cohort_size is not None
             return src.sample(n, spec.cohort_size)  # O(k): never builds arange(n)
@@ -106,7 +106,7 @@ def sample_cohort(
         if spec.max_cohort is not None and len(cohort) > spec.max_cohort:
             cohort = src.sample(cohort, spec.max_cohort)
         return cohort
-    g = rngs.numpy_rng(seed, rngs.SAMPLING, rnd)
+    g = src  # the round's seeded sampling stream
     if spec.mode == "fixed":
         assert spec.cohort_size is not None
         return np.sort(g.choice(n, spec.cohort_size, replace=False)).astype(np.int64)

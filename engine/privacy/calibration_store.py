@@ -10,7 +10,7 @@ process and on disk, one small JSON file per input set, under ``$DPFL_CACHE_DIR`
 skipped without error: the store only saves time.
 
 Privacy: a remembered z is a hint, never a guarantee. The caller
-(:func:`engine.privacy.accounting.calibrate_noise_multiplier`) recomputes ε(z) with the
+(:func:`engine.privacy.resolve.calibrate_noise_multiplier`) recomputes ε(z) with the
 accountant at reporting precision and uses z only if it is within the target, else it
 searches afresh; the ε that dpfl reports is computed from the z that ran either way.
 The key holds every input of the search (target ε, δ, the sampling facts, rounds,

@@ -77,8 +77,8 @@ class Randomness:
     mode, and a fresh :class:`SecureRandom` (OS entropy, nothing recorded, ``key``
     unused) in release mode. The privacy mechanism
     (:class:`engine.privacy.mechanism.GaussianMechanism`) draws every noise value of a
-    round from it: the update sum's noise, client-side noise and adaptive clipping's
-    count noise."""
+    round from it (the update sum's noise, client-side noise and adaptive clipping's
+    count noise), and the server its cohorts (``cohort_stream``)."""
 
     seed: int
     secure: bool = False
@@ -88,7 +88,13 @@ class Randomness:
         return randomness_mode(self.secure)
 
     def stream(self, *key: int) -> torch.Generator | SecureRandom:
+        """A noise stream: torch's, keyed by (seed, *key), or the OS CSPRNG."""
         return SecureRandom() if self.secure else torch_gen(self.seed, *key)
+
+    def cohort_stream(self, rnd: int) -> np.random.Generator | SecureRandom:
+        """Round ``rnd``'s sampling stream: numpy's, keyed by (seed, SAMPLING, rnd), or
+        the OS CSPRNG (the cohort is then as secret as the noise)."""
+        return SecureRandom() if self.secure else numpy_rng(self.seed, SAMPLING, rnd)
 
 
 class SecureRandom:
