@@ -21,7 +21,7 @@ privatizer's (docs/algorithms.md §0), whatever pieces a recipe names.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -72,10 +72,26 @@ def register(spec: PieceSpec) -> None:
         if key.name in known and known[key.name] != key:
             raise ValueError(f"piece {spec.name!r}: algo.{key.name} differs from its declaration")
     _REGISTRY[spec.name] = spec
+    _changed()
 
 
 def unregister(name: str) -> None:
     del _REGISTRY[name]
+    _changed()
+
+
+_LISTENERS: list[Callable[[], Any]] = []
+
+
+def on_change(listener: Callable[[], Any]) -> None:
+    """Call ``listener()`` after every :func:`register` and :func:`unregister` (the
+    config's ``algo:`` class follows the registry: engine.config.algo)."""
+    _LISTENERS.append(listener)
+
+
+def _changed() -> None:
+    for listener in _LISTENERS:
+        listener()
 
 
 @contextmanager

@@ -6,7 +6,7 @@ each validated by its declaration (one rule and one message per key). A piece re
 later (an extension, a test's toy piece) adds its keys: :func:`algo_config_class` gives
 the class for the registry as it is now, the same class object for the same keys, and
 :data:`AlgoConfig` names the class of the built-in pieces (and, while a piece is
-registered, the class with its keys, so that configs holding them pickle).
+registered, the class with its keys, so that configs holding them pickle by name).
 """
 
 from __future__ import annotations
@@ -44,5 +44,6 @@ def algo_config_class() -> type:
     return cls
 
 
-#: The ``algo:`` section's class (see :func:`algo_config_class`).
+#: The ``algo:`` section's class (see :func:`algo_config_class`), kept current.
 AlgoConfig: Any = algo_config_class()
+registry.on_change(algo_config_class)

@@ -94,10 +94,7 @@ KEY_HELP: dict[str, str] = {
     "recipe.step": "algorithm=custom: local step rule, sgd, sam or pgn (with PGN's drift)",
     "recipe.regularizer": "algorithm=custom: null or blur (penalise updates longer than C)",
     "recipe.constraint": "algorithm=custom: null or ball (project onto the C-ball each step)",
-    "recipe.client_transforms": "algorithm=custom: before clipping, any of topk, randk, lus",
     "recipe.noise_support": "algorithm=custom: all, or public_mask (rand-k's public mask only)",
-    "recipe.server_transforms": "algorithm=custom: after the noise, any of "
-    "laplacian_smoothing, server_topk",
     "recipe.personal": "algorithm=custom: personal heads kept on each client (DP2-FedSAM)",
     "server.lr": "server step: x <- x + lr * (noisy mean update)",
     "ray.executor": "ray (actors) or local (in process, identical results)",
@@ -117,8 +114,16 @@ KEY_HELP: dict[str, str] = {
 
 
 def key_help() -> dict[str, str]:
-    """One line of help per config key: :data:`KEY_HELP` and the registered pieces' keys."""
-    return {**KEY_HELP, **registry.key_help()}
+    """One line of help per config key: :data:`KEY_HELP`, the registered pieces' keys,
+    and the recipe: lists of transforms, which name the registered ones."""
+    client = ", ".join(registry.names("client_transform"))
+    server = ", ".join(registry.names("server_transform"))
+    return {
+        **KEY_HELP,
+        **registry.key_help(),
+        "recipe.client_transforms": f"algorithm=custom: before clipping, any of {client}",
+        "recipe.server_transforms": f"algorithm=custom: after the noise, any of {server}",
+    }
 
 
 def config_keys(config: RunConfig | None = None) -> dict[str, Any]:

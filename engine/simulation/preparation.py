@@ -98,17 +98,13 @@ def flatten_dim(model) -> int:
 def validate_pipeline(pipeline, model) -> None:
     """Check hyperparameters that need the model (sizes), before any training."""
     from algorithms.pieces.sparsify import num_kept
-    from algorithms.pipeline import LUS, RandK, ServerTopK, TopK
+    from algorithms.pipeline import RandK, ServerTopK, TopK
     from engine.federated.worker_model import flatten_params, personal_mask
 
     d = int(flatten_params(model).numel())
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):
         if isinstance(t, (TopK, RandK, ServerTopK)):
             num_kept(d, t.fraction)
-        if isinstance(t, LUS) and not 0 <= t.zero_fraction < 1:
-            raise ValueError(
-                f"algo.zero_fraction={t.zero_fraction}: LUS zeroes this fraction; use [0, 1)"
-            )
     if pipeline.personal is not None:
         personal_mask(model, pipeline.personal.layers)
 

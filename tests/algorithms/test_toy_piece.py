@@ -83,6 +83,7 @@ def test_dpfl_config_lists_the_toy_key_with_its_help(toy, capsys) -> None:
     assert main(["config"]) == 0
     text = capsys.readouterr().out
     assert "  toy_factor: null  # toy: scale of each client's update (null: 1)" in text
+    assert "before clipping, any of topk, randk, lus, toy_scale" in text  # recipe: help
     assert text == commented_yaml()
 
 
