@@ -8,10 +8,10 @@ trials each (algorithm, ε) cell runs (:func:`trial_counts`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import atomic_write
 from engine.config import ConfigError, RunConfig, read_yaml_mapping, replace
 from tuning import selection
 
@@ -154,11 +154,10 @@ def trial_counts(
                 rng = rngs.numpy_rng(config.seed, rngs.TUNING_COUNT, key)
             counts[name] = selection.draw_num_trials(mode, num_samples, shape, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(
-        json.dumps({"mode": mode, "mean": num_samples, "shape": shape, "num_trials": counts})
-    )
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(
+            json.dumps({"mode": mode, "mean": num_samples, "shape": shape, "num_trials": counts})
+        )
     return counts
 
 

@@ -10,14 +10,13 @@ at once); once it ends its rounds are folded into one ``<trial_id>.parquet``
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from engine.results import writing
+from engine.atomic import atomic_write
 
 PARTITIONS = ("algorithm", "epsilon_budget")
 #: Columns every row carries (NaN where unused) so that all files of the dataset share
@@ -26,8 +25,7 @@ STRING_COLUMNS = ("ls_scope", "ls_local")
 
 
 def hyperparameter_columns() -> list[str]:
-    from algorithms import RECIPES
-    from algorithms import registry
+    from algorithms import RECIPES, registry
 
     names = {h for r in RECIPES.values() for h in r.hyperparameters}
     names |= {h for s in registry.specs() for h in registry.piece_keys(s.name)}
@@ -160,10 +158,8 @@ def write_round(out: str | Path, row: dict[str, Any], columns: dict[str, str]) -
     path = round_file(out, row)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = row_table(row, columns)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path, tmp):  # a full disk: an OSError naming the file, no partial file
+    with atomic_write(path) as tmp:  # a full disk: an OSError naming the file, no partial file
         pq.write_table(table, tmp)  # what DataFrame.to_parquet does with this table
-        os.replace(tmp, path)
     return table
 
 
@@ -197,7 +193,6 @@ def compact_trial(
         return None
     folder.mkdir(parents=True, exist_ok=True)
     known = written or {}
-    tmp = folder / f".{target.name}.tmp"
     round_of = {p: int(p.stem.rsplit("-round", 1)[1]) for p in parts}
     rounds = list(round_of.values())
     tables = [known.get(r) for r in rounds]
@@ -216,7 +211,7 @@ def compact_trial(
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with writing(target, tmp):
+        with atomic_write(target) as tmp:
             pq.write_table(pa.concat_tables(tables), tmp)
     else:
 
@@ -227,9 +222,8 @@ def compact_trial(
         frames = [rows_of(p) for p in sources] + ([last.to_pandas()] if last is not None else [])
         frame = pd.concat(frames, ignore_index=True)
         frame = frame.drop_duplicates("round", keep="last").sort_values("round", ignore_index=True)
-        with writing(target, tmp):
+        with atomic_write(target) as tmp:
             frame.to_parquet(tmp, index=False)
-    os.replace(tmp, target)
     for p in parts:
         p.unlink()
     return target

@@ -28,15 +28,14 @@ the README's "privacy cost of tuning").
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import atomic_write
 from engine.config import config_from_dict
-from engine.results import writing
 from tuning.rounds import (
     STRING_COLUMNS,
     column_names,
@@ -179,10 +178,8 @@ def trial_body(
             released (never recompute a released round)."""
             blob = pickle.dumps(state)
             own.parent.mkdir(parents=True, exist_ok=True)
-            tmp = own.with_name(f".{own.name}.tmp")
-            with writing(own, tmp):
+            with atomic_write(own) as tmp:
                 tmp.write_bytes(blob)
-                os.replace(tmp, own)
 
         def metrics_of(row: dict) -> dict[str, Any]:
             if not math.isnan(row["test_accuracy"]):

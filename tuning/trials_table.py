@@ -6,11 +6,11 @@ tuning rule and which trials may be released (:mod:`tuning.selection`).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
 
+from engine.atomic import atomic_write
 from tuning import selection
 
 
@@ -92,7 +92,6 @@ def mark_released(
 
 
 def write_trials(out: Path, trials: pd.DataFrame) -> None:
-    """Write ``out/trials.parquet`` atomically (a dot-named file, then renamed)."""
-    tmp = out / ".trials.parquet.tmp"
-    trials.to_parquet(tmp, index=False)
-    os.replace(tmp, out / "trials.parquet")
+    """Write ``out/trials.parquet`` atomically (:func:`engine.atomic.atomic_write`)."""
+    with atomic_write(out / "trials.parquet") as tmp:
+        trials.to_parquet(tmp, index=False)

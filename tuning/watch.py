@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from engine.atomic import atomic_write
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -58,18 +60,17 @@ def write_plan(
     ``num_samples`` (the mean under Papernot-Steinke, public), never a drawn K."""
     path = Path(out) / "tune" / PLAN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "cells": cells,
-                "num_samples": num_samples,
-                "rounds": rounds,
-                "tuning_privacy": tuning_privacy,
-            }
+    with atomic_write(path) as tmp:
+        tmp.write_text(
+            json.dumps(
+                {
+                    "cells": cells,
+                    "num_samples": num_samples,
+                    "rounds": rounds,
+                    "tuning_privacy": tuning_privacy,
+                }
+            )
         )
-    )
-    tmp.replace(path)
 
 
 def planned_trials(directory: Path) -> int | None:
