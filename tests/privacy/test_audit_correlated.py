@@ -30,6 +30,7 @@ GAMMA, LR = 0.9, 0.5
 
 def _mechanism(mode: str, z: float, rounds: int, bands: int = 2):
     """(sampling, privatizer, server state) of a 40-client population, m = 10."""
+    priv: TreeAggregationPrivatizer | BandedMFPrivatizer
     if mode == "epochs":  # R = 4 rounds per epoch
         sampling = SamplingSpec("epochs", 40, cohort_size=10)
         priv = TreeAggregationPrivatizer(1.0, z, GAMMA)
@@ -119,7 +120,7 @@ def _audit_run(mode: str, z: float, scale: float, seed: int, every_round: bool =
         cols = audit.observe_round(t, w, new, rounds)
         w = new
     eps = compute_epsilon(z, sampling, rounds, DELTA, "rdp")
-    signal = np.linalg.norm(audit.w @ audit.pattern(rounds))  # = the sensitivity
+    signal = float(np.linalg.norm(audit.w @ audit.pattern(rounds)))  # = the sensitivity
     exact = gaussian_pair_epsilon(signal / z, 1.0, 0.0, 1.0, DELTA)
     est = cols["audit_epsilon_estimate_nonprivate"]
     return eps, exact, est, cols["audit_epsilon_lower_nonprivate"], audit
