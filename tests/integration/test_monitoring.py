@@ -56,14 +56,15 @@ def _sets(keys: list[str]) -> list[str]:
 
 
 def _wait_for(check, timeout: float, what: str):
-    """Poll ``check()`` until it returns a truthy value (returned) or ``timeout`` s pass."""
+    """Poll ``check()`` (4 times a second) until it returns a truthy value (returned) or
+    ``timeout`` s pass."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         last = check()
         if last:
             return last
-        time.sleep(1.0)
+        time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last})")
 
 
@@ -229,6 +230,9 @@ def test_attaching_without_the_auth_mode_names_it(head, tmp_path: Path) -> None:
     """Ray turns token authentication on for a new cluster; a command attaching without
     ``RAY_AUTH_MODE=token`` is refused, and dpfl's one-line error says what to set."""
     env = {k: v for k, v in _env(head).items() if k != "RAY_AUTH_MODE"}
+    # Ray retries a refused attach for its GCS wait (about 20 attempts, 1 s apart) before
+    # it raises; 3 attempts give the same refusal (each is refused for the missing token).
+    env["RAY_gcs_server_port_wait_time_s"] = "3"
     out = tmp_path / "refused"
     r = subprocess.run(
         _dpfl(head, "run", "-q", "--out", str(out), *_sets([*RUN_KEYS, "rounds=2"])),
