@@ -31,6 +31,16 @@ def smoke_sweep(out: Path, num_samples: int, **kwargs) -> pd.DataFrame:
     )
 
 
+@pytest.fixture(scope="module")
+def tune_sweep_of_three(ray_session, tmp_path_factory) -> tuple[Path, pd.DataFrame]:
+    """A Ray Tune sweep of trials 0-2 (``tune.trial_executor=auto``: in-process trials,
+    one worker) and its trials table, shared by the tests that compare other ways of
+    running the same trials with it. Trial k's hyperparameters and seed depend on k
+    only, not on how many trials the sweep has."""
+    out = tmp_path_factory.mktemp("tune3") / "tune"
+    return out, smoke_sweep(out, 3, runner="tune")
+
+
 def rows_on_disk(out: Path) -> int:
     """Rows in OUT/rounds while a sweep runs: one file per round, or one per trial once
     it ended (tuning.rounds.compact_trial); a file compacted away while listed is retried."""
@@ -157,20 +167,25 @@ def test_papernot_steinke_tune_runs_the_drawn_number_and_releases_one(ray_sessio
     assert best in text and not any(t in text for t in others)
 
 
-def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
+def test_in_process_trials_equal_actor_trials(ray_session, tune_sweep_of_three, tmp_path) -> None:
     """``tune.trial_executor=local`` runs each trial's simulation inside its Tune
     process (no client-worker actors, one bundle per trial); the trials are the same
     trials (same sampled hyperparameters and seeds) and give bit-identical rows to
-    actor trials. ``auto`` picks local for one worker."""
+    actor trials. ``auto`` picks local for one worker (the shared sweep's trials 0-1 are
+    the local side)."""
+    import json
+
     from engine.config import ConfigError, RayConfig
     from tuning.plan import trial_bundles, trial_executor
 
     frames = {}
-    for where in ("ray", "local"):
-        out = tmp_path / where
-        smoke_sweep(out, 2, trial_executor_choice=where)
-        df = load_rounds(out).sort_values(["trial_index", "round"]).reset_index(drop=True)
-        frames[where] = df
+    smoke_sweep(tmp_path / "ray", 2, trial_executor_choice="ray")
+    for where, out in (("ray", tmp_path / "ray"), ("local", tune_sweep_of_three[0])):
+        df = load_rounds(out)
+        df = df[df["trial_index"] < 2].sort_values(["trial_index", "round"])
+        frames[where] = df.reset_index(drop=True)
+    record = json.loads((tune_sweep_of_three[0] / "tune" / "experiment.json").read_text())
+    assert record["config"]["ray"]["executor"] == "local"  # what auto chose
     cols = ["trial_index", "trial_seed", "round", "lr", "clip_norm", "epsilon", "test_accuracy"]
     pd.testing.assert_frame_equal(frames["ray"][cols], frames["local"][cols])
     assert len(frames["local"]) == 2 * 2  # 2 trials x 2 smoke rounds
@@ -190,7 +205,7 @@ def test_in_process_trials_equal_actor_trials(ray_session, tmp_path) -> None:
 
 
 def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(
-    ray_session, tmp_path, monkeypatch
+    ray_session, tune_sweep_of_three, tmp_path, monkeypatch
 ) -> None:
     """``runner=driver`` runs the cell's trials one after another in this process,
     without Ray Tune: the same trials (sampled hyperparameters, seeds) with the same
@@ -207,8 +222,9 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(
         df = load_rounds(out).sort_values(["trial_index", "round"])
         return df[[*cols, "test_accuracy"]].reset_index(drop=True)
 
-    tables = {runner: sweep(tmp_path / runner, runner=runner) for runner in ("tune", "driver")}
-    expected = rows(tmp_path / "tune")
+    tune_out, tune_table = tune_sweep_of_three
+    tables = {"tune": tune_table, "driver": sweep(tmp_path / "driver", runner="driver")}
+    expected = rows(tune_out)
     pd.testing.assert_frame_equal(rows(tmp_path / "driver"), expected)
     assert list(tables["driver"].columns) == list(tables["tune"].columns)
     assert (tables["driver"]["status"] == "TERMINATED").all() and len(tables["driver"]) == 3
@@ -249,7 +265,7 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(
     with pytest.raises(ConfigError, match=r"^--runner tune: .* ran with --runner driver"):
         sweep(out, resume=True)
     with pytest.raises(ConfigError, match=r"^--runner driver: .* ran with --runner tune"):
-        sweep(tmp_path / "tune", resume=True, runner="driver")
+        sweep(tune_out, resume=True, runner="driver")
     with pytest.raises(ConfigError, match=r"tune\.runner=driver .* --scheduler fifo"):
         sweep(tmp_path / "x", scheduler="asha", runner="driver")
     with pytest.raises(ConfigError, match=r"^tune\.runner='elsewhere'"):
