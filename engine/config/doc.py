@@ -68,7 +68,7 @@ KEY_HELP: dict[str, str] = {
     "eval.audit_canaries": "K > 0: K canary clients join the population; the run reports "
     "the one-shot empirical epsilon estimate (an estimate, not a guarantee)",
     "eval.audit_every_round": "audit with every round's released update, not only the final "
-    "model's delta",
+    "model's delta (dp_ftrl, dp_bandmf: the rounds whitened by the mechanism's own matrix)",
     "privacy.epsilon": "target epsilon, sigma calibrated to it (null with noise_multiplier "
     "null: 4)",
     "privacy.delta": "delta in (0, 1); null: min(N^-1.1, 0.01/N), N = dataset.num_clients",
