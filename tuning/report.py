@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # matplotlib (0.45 s to import) only where a figure is drawn
 def load_rounds(directory: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
     """Every (trial, round) row; partition columns as plain str / float. A round both in
     a trial's compacted file and in a leftover round file (a crash between the two
-    steps of ``tuning.trial.compact_trial``) appears once. ``columns``: only these
+    steps of ``tuning.rounds.compact_trial``) appears once. ``columns``: only these
     (plus the keys ``algorithm``, ``epsilon_budget``, ``trial_id``, ``round``), which
     halves the time to read a sweep's small files."""
     keys = ["algorithm", "epsilon_budget", "trial_id", "round"]
