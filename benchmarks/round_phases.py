@@ -206,7 +206,7 @@ def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
     """A worker's per-client O(d) work for a ``resnet18_gn``-sized update, the former
     whole-vector expressions against the chunked ones (same values, checked here), in
     one run: CPU seconds (``time.process_time``, one torch thread) and their ratio."""
-    from engine.privacy import mechanisms as m
+    from engine.privacy import kernels as m
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)

@@ -38,8 +38,8 @@ from engine.federated.worker_model import (
     resolve_worker_device,
 )
 from engine.privacy import rng as rngs
+from engine.privacy.kernels import add_float64_, clip_update
 from engine.privacy.mechanism import GaussianMechanism
-from engine.privacy.mechanisms import add_float64_, clip_update
 from engine.telemetry.phases import OFF, PhaseTimer, timed
 
 

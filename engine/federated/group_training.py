@@ -47,7 +47,7 @@ match plain autograd).
 Privacy: vectorisation changes no privacy-relevant quantity. It only computes each
 client's local model Δᵢ = wᵢ − xᵗ, from that client's own data and public state, in a
 batched kernel; the worker then applies the client transforms and clips *each* client's
-whole update individually (``engine.privacy.mechanisms.clip_update``, float64, with
+whole update individually (``engine.privacy.kernels.clip_update``, float64, with
 non-finite updates zeroed) before summing, in the same client order as the sequential
 path, and the noise is added by the server (or per client, as before) exactly as
 without vectorisation. No client's data can influence another client's row: every

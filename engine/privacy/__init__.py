@@ -3,7 +3,7 @@
 :mod:`.mechanism` is the run's Gaussian mechanism: it clips updates to C_t, sizes
 the noise (the one z·C formula), draws it from the seeded or secure stream of
 :mod:`.rng`, moves C_t under adaptive clipping (:mod:`.adaptive_clip`) and names the
-DpEvent it implies; :mod:`.mechanisms` holds its pure clip and draw functions;
+DpEvent it implies; :mod:`.kernels` holds its pure clip and draw functions;
 :mod:`.accounting` turns (σ, sampling, rounds, δ) into ε with dp-accounting, and
 :mod:`.resolve` turns any two of (ε, δ, σ) into the third (:mod:`.calibration_store`
 caches calibrations); :mod:`.tree_aggregation` and :mod:`.banded_mf` draw the

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.privacy.mechanisms import gaussian_noise
+from engine.privacy.kernels import gaussian_noise
 from engine.privacy.rng import SecureRandom
 
 

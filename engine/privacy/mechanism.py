@@ -44,7 +44,7 @@ from engine.privacy.adaptive_clip import (
     next_clip_norm,
     release_count,
 )
-from engine.privacy.mechanisms import ClipResult, clip_update, gaussian_noise
+from engine.privacy.kernels import ClipResult, clip_update, gaussian_noise
 
 if TYPE_CHECKING:  # dp-accounting loads only where an event is built (dp_event)
     import dp_accounting
@@ -111,7 +111,7 @@ class GaussianMechanism:
     # -------------------------------------------------------- clip and noise
 
     def clip(self, update: torch.Tensor) -> ClipResult:
-        """Sanitise and clip ``update`` to C_t (:func:`engine.privacy.mechanisms.clip_update`)."""
+        """Sanitise and clip ``update`` to C_t (:func:`engine.privacy.kernels.clip_update`)."""
         return clip_update(update, self.clip_t)
 
     def noise_std(self, shares: float = 1.0) -> float:

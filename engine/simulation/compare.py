@@ -20,8 +20,8 @@ from engine.config import (
     CUSTOM,
     ConfigError,
     RunConfig,
-    merge_trees,
     config_from_dict,
+    merge_trees,
     replace,
     with_algorithm,
 )

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from engine.config import load_config
-from engine.privacy import mechanisms
+from engine.privacy import kernels
+from engine.privacy.kernels import add_float64_, clip_update
 from engine.privacy.mechanism import GaussianMechanism
-from engine.privacy.mechanisms import add_float64_, clip_update
 from engine.privacy.rng import Randomness, torch_gen
 from engine.simulation import make_executor, prepare
 from engine.telemetry.phases import OFF, PhaseTimer, timed
@@ -30,7 +30,7 @@ def bits(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy()
 
 
-@pytest.mark.parametrize("n", [5, mechanisms._CHUNK, 3 * mechanisms._CHUNK + 17])
+@pytest.mark.parametrize("n", [5, kernels._CHUNK, 3 * kernels._CHUNK + 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_scale_cast_equals_the_one_shot_expression(n: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(n)
@@ -38,11 +38,11 @@ def test_scale_cast_equals_the_one_shot_expression(n: int, dtype: torch.dtype) -
     x[::97] = -0.0
     for factor in (0.3, 1e-7, 1.0 / 3.0, 7.5e5):
         want = (x.double() * factor).to(dtype)
-        got = mechanisms._scale_cast(x, factor, dtype)
+        got = kernels._scale_cast(x, factor, dtype)
         assert np.array_equal(bits(got), bits(want))
 
 
-@pytest.mark.parametrize("n", [9, 2 * mechanisms._CHUNK + 5])
+@pytest.mark.parametrize("n", [9, 2 * kernels._CHUNK + 5])
 def test_add_float64_equals_add_(n: int) -> None:
     g = torch.Generator().manual_seed(1)
     total = torch.randn(n, generator=g, dtype=torch.float64) * 1e-3
@@ -59,12 +59,12 @@ def test_clip_update_unchanged_on_large_updates() -> None:
     """The chunked path of ``clip_update`` against the former expression, incl. ‖·‖ ≤ C."""
     g = torch.Generator().manual_seed(2)
     for scale in (1e-3, 1.0, 1e3):
-        u = torch.randn(3 * mechanisms._CHUNK + 1, generator=g) * scale
+        u = torch.randn(3 * kernels._CHUNK + 1, generator=g) * scale
         for c in (0.01, 0.5, 1.0):
             res = clip_update(u, c)
             norm = float(torch.linalg.vector_norm(u, dtype=torch.float64))
             if norm > c:
-                ref, after = mechanisms._cast_within(u.double() * (c / norm), u.dtype, c)
+                ref, after = kernels._cast_within(u.double() * (c / norm), u.dtype, c)
                 assert np.array_equal(bits(res.update), bits(ref))
                 assert res.out_norm == after <= c
             else:

@@ -17,7 +17,7 @@ from engine.privacy.adaptive_clip import (
     composed_noise_multiplier,
     update_noise_multiplier,
 )
-from engine.privacy.mechanisms import clip_update
+from engine.privacy.kernels import clip_update
 from engine.simulation import make_executor, prepare, simulate
 from tests.conftest import SMALL
 

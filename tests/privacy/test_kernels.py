@@ -1,4 +1,4 @@
-"""Tests for engine.privacy.mechanisms and the server's noise path (docs/algorithms.md §0).
+"""Tests for engine.privacy.kernels and the server's noise path (docs/algorithms.md §0).
 
 Noise is checked by measuring it: on an all-zero sum the privatised output is pure
 noise / denominator, whose standard deviation must be z·C/denominator and whose
@@ -21,8 +21,8 @@ from engine.federated.client import PartialSum
 from engine.federated.server import Server, ServerSpec
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec, compute_epsilon
+from engine.privacy.kernels import clip_update, gaussian_noise
 from engine.privacy.mechanism import GaussianMechanism
-from engine.privacy.mechanisms import clip_update, gaussian_noise
 
 
 def excess_kurtosis(x: np.ndarray) -> float:
