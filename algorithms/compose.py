@@ -34,7 +34,7 @@ from typing import Any
 
 from algorithms import registry
 from algorithms.spec import BuildContext
-from engine.errors import check as _check
+from engine.base.errors import check as _check
 
 #: ``recipe.noise_support`` (not a piece: where the privatizer's noise goes).
 NOISE_SUPPORTS = ("all", "public_mask")

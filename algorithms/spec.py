@@ -32,7 +32,7 @@ class Key:
         if self.valid is None or (value is None and self.default is None):
             return
         if not self.valid(value):
-            from engine.errors import ConfigError  # here: importing engine loads engine.config
+            from engine.base.errors import ConfigError  # here: importing engine loads engine.config
 
             raise ConfigError(f"algo.{self.name}={value!r}: {self.rule}")
 

@@ -131,3 +131,24 @@ def test_every_room_says_its_role() -> None:
         init = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert len(doc.split()) >= 8 and doc != "TODO", f"{init}: no role docstring"
+
+
+def package(module: str) -> str:
+    """The directory package a module's file lives in (a package's ``__init__`` is the
+    package itself)."""
+    path = ROOT / Path(*module.split("."))
+    return module if (path / "__init__.py").exists() else module.rsplit(".", 1)[0]
+
+
+def test_dpfl_packages_have_no_cycles() -> None:
+    """Read by directory too: no package (``engine``, ``engine.privacy``,
+    ``algorithms.pieces``, ...) imports another that imports it back, so the engine
+    package's own ``__init__`` (the notebook API, on top of everything) holds no leaf
+    that lower rooms need."""
+    edges = import_graph()
+    packages: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        packages.setdefault(package(a), set())
+        packages[package(a)] |= {package(b) for b in bs if package(b) != package(a)}
+    assert {"engine", "engine.privacy", "algorithms.pieces"} <= set(packages)
+    assert cycles(packages) == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 from engine.config import ConfigError, RunConfig, read_yaml_mapping, replace
 from tuning import selection
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 
 PARTITIONS = ("algorithm", "epsilon_budget")
 #: Columns every row carries (NaN where unused) so that all files of the dataset share

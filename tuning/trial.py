@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 from engine.config import config_from_dict
 from tuning.rounds import (
     STRING_COLUMNS,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 from tuning import selection
 
 
@@ -92,6 +92,6 @@ def mark_released(
 
 
 def write_trials(out: Path, trials: pd.DataFrame) -> None:
-    """Write ``out/trials.parquet`` atomically (:func:`engine.atomic.atomic_write`)."""
+    """Write ``out/trials.parquet`` atomically (:func:`engine.base.atomic.atomic_write`)."""
     with atomic_write(out / "trials.parquet") as tmp:
         trials.to_parquet(tmp, index=False)

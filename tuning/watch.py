@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -19,6 +19,7 @@ This package re-exports the names other rooms import.
 from __future__ import annotations
 
 from algorithms.compose import RecipeConfig
+from engine.base.errors import ConfigError
 from engine.config.algo import AlgoConfig
 from engine.config.loading import (
     RENAMED,
@@ -46,7 +47,6 @@ from engine.config.sections import (
     SamplingConfig,
     ServerConfig,
 )
-from engine.errors import ConfigError
 
 __all__ = [
     "ALGORITHMS",

@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 
 from algorithms.compose import RecipeConfig
+from engine.base.errors import ConfigError
 from engine.config.algo import algo_config_class
 from engine.config.schema import CUSTOM, RunConfig
-from engine.errors import ConfigError
 
 
 @functools.cache

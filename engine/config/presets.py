@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.base.errors import ConfigError
 from engine.config.loading import merge_trees, read_yaml_mapping
-from engine.errors import ConfigError
 
 PRESET_KEY = "preset"
 SCALES = ("paper", "cpu")

@@ -16,6 +16,7 @@ from typing import Any
 
 from algorithms.catalog import CATALOG
 from algorithms.compose import RecipeConfig
+from engine.base.errors import check as _check
 from engine.config.algo import algo_config_class
 from engine.config.sections import (
     HELD_OUT_FRACTION,
@@ -28,7 +29,6 @@ from engine.config.sections import (
     SamplingConfig,
     ServerConfig,
 )
-from engine.errors import check as _check
 
 #: The built-in recipes, from the registry's torch-free catalog (algorithms.catalog).
 ALGORITHMS = tuple(CATALOG)

@@ -2,7 +2,7 @@
 privacy, local training, server and execution (``ray:``).
 
 Each section is a frozen dataclass that validates itself in ``__post_init__`` and raises
-:class:`~engine.errors.ConfigError` (a ``ValueError``) with one line naming the key and
+:class:`~engine.base.errors.ConfigError` (a ``ValueError``) with one line naming the key and
 the bad value. The recipe's own keys (``algo:``) are declared by the pieces that read
 them (:mod:`engine.config.algo`); checks that need the whole tree live in
 :class:`engine.config.schema.RunConfig`.
@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.base.errors import check as _check
 from engine.data.leaf import LEAF_SOURCES
 from engine.data.torchvision_sources import TORCHVISION_SOURCES
-from engine.errors import check as _check
 
 #: ``dataset.name``: the sources engine.data reads (synthetic, digits, torchvision's, LEAF's).
 DATASET_NAMES = ("synthetic", "digits", *TORCHVISION_SOURCES, *LEAF_SOURCES)

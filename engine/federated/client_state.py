@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 
 
 class ClientStateStore:

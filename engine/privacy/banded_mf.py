@@ -34,7 +34,7 @@ from functools import lru_cache
 import dp_accounting
 import numpy as np
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 from engine.privacy import calibration_store
 
 #: bump when the optimisation changes (cached strategies are keyed by it)

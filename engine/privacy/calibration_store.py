@@ -31,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write
+from engine.base.atomic import atomic_write
 
 #: Bump when the search itself changes (its answer for the same inputs would differ).
 SEARCH_VERSION = 1

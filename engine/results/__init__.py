@@ -1,6 +1,6 @@
 """Results on disk: ``config.json`` and ``rounds.parquet`` (one row per round).
 
-``rounds.parquet`` is rewritten atomically (:func:`engine.atomic.atomic_write`: a
+``rounds.parquet`` is rewritten atomically (:func:`engine.base.atomic.atomic_write`: a
 temporary file, then ``os.replace``) after every round, so a crash at any point
 leaves a readable file holding every completed round. Rewriting costs milliseconds
 for thousands of rows.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine.atomic import atomic_write, writing
+from engine.base.atomic import atomic_write, writing
 
 __all__ = ["RoundWriter", "atomic_write", "write_json", "writing"]
 
