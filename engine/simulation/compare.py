@@ -21,6 +21,7 @@ from engine.config import (
     ConfigError,
     RunConfig,
     config_from_dict,
+    dotted_leaves,
     merge_trees,
     replace,
     with_algorithm,
@@ -120,16 +121,6 @@ def validate(runs: list[PlannedRun]) -> None:
 RESUME_MAY_DIFFER = ("out", "ray.address", "ray.executor")
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            flat.update(_flat(v, f"{prefix}{k}."))
-        else:
-            flat[f"{prefix}{k}"] = v
-    return flat
-
-
 def check_resume(runs: list[PlannedRun], out: Path) -> dict[str, Any]:
     """``dpfl compare --resume``: every planned run's folder that exists, checked before
     anything is written (:func:`engine.results.run_folder.check_run_folder`: its config, its
@@ -144,7 +135,7 @@ def check_resume(runs: list[PlannedRun], out: Path) -> dict[str, Any]:
         if not folder.exists():
             continue
         checked = check_run_folder(folder, restart=again)
-        before, now = _flat(checked.config.to_dict()), _flat(c.to_dict())
+        before, now = dotted_leaves(checked.config.to_dict()), dotted_leaves(c.to_dict())
         for key in sorted(set(before) | set(now)):
             if key not in RESUME_MAY_DIFFER and before.get(key) != now.get(key):
                 raise ConfigError(
