@@ -48,6 +48,7 @@ from engine.federated.worker_model import (
 from engine.privacy import banded_mf, tree_aggregation
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
+from engine.privacy.kernels import noisy_mean_step
 from engine.privacy.mechanism import GaussianMechanism
 from engine.telemetry.phases import OFF
 
@@ -315,6 +316,15 @@ class Server:
         if self.audit is not None:  # canary clients' clipped updates join the sum
             summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
         t_update = time.perf_counter()
+        # DP-FedAvg's step (no transform, no correlated noise, no PGN update) is fused:
+        # w + η_s·(Σ + noise)/m in one chunked pass, equal bit for bit to privatize()
+        # followed by the plain update below (kernels.noisy_mean_step)
+        fused = (
+            mech is not None
+            and self.correlated is None
+            and not pipe.server_transforms
+            and pipe.server_update is None
+        )
         if mech is not None:
             ahead, self._noise = self._noise, None
             if ahead is not None and ahead[:2] == (rnd, clip_t):
@@ -322,14 +332,19 @@ class Server:
             else:
                 with self.timer.phase("noise_draw"):
                     noise = self._draw_noise(rnd)
-            avg = mech.privatize(summed, noise, spec.sampling.denominator)
+            if not fused:
+                avg = mech.privatize(summed, noise, spec.sampling.denominator)
         else:
             avg = summed / total.num_clients if total.num_clients else torch.zeros_like(summed)
         lr = round_lr(spec.local_lr, spec.lr_decay, rnd)
         ctx = {"shapes": self.shapes, "g_tilde": self.g_tilde, "steps": spec.steps, "lr": lr}
         for transform in pipe.server_transforms:
             avg = transform.apply(avg, ctx)
-        if self.correlated is not None:  # DP-FTRL: this round's noise is its tree node
+        if fused:
+            self.weights = noisy_mean_step(
+                self.weights, summed, noise, spec.sampling.denominator, spec.server_lr
+            )
+        elif self.correlated is not None:  # DP-FTRL: this round's noise is its tree node
             self.weights = self.correlated.step(rnd, summed, self.weights, noise)
         elif pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
             k_lr = lr * float(spec.steps or 1)

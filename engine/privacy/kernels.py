@@ -103,6 +103,41 @@ def add_float64_(total: torch.Tensor, x: torch.Tensor) -> None:
         dst[start:stop].add_(b)
 
 
+def noisy_mean_step(
+    weights: torch.Tensor,
+    clipped_sum: torch.Tensor,
+    noise: torch.Tensor,
+    denominator: float,
+    server_lr: float,
+) -> torch.Tensor:
+    """DP-FedAvg's server step ``weights + (server_lr * ((clipped_sum + noise) /
+    denominator)).to(torch.float32)``, a new tensor with the same values bit for bit
+    (each element goes through the same float64 add, divide and multiply, one rounding
+    to float32 and the same addition), in cache-sized chunks on the CPU instead of
+    through four model-sized temporaries: the noisy sum never exists as a whole, only
+    the update made from it. ``clipped_sum`` and ``noise`` are float64 vectors of the
+    weights' length; ``denominator`` is the public one (never the realised cohort)."""
+    if denominator <= 0:
+        raise ValueError(f"denominator={denominator} must be > 0")
+    simple = weights.dtype != torch.float32 or noise.dtype != torch.float64
+    if simple or weights.device.type != "cpu" or weights.numel() <= _CHUNK:
+        avg = (clipped_sum.double() + noise) / denominator
+        return weights + (server_lr * avg).to(torch.float32)
+    src, eps, w = clipped_sum.reshape(-1), noise.reshape(-1), weights.reshape(-1)
+    out = torch.empty_like(w)
+    wide = torch.empty(_CHUNK, dtype=torch.float64)
+    narrow = torch.empty(_CHUNK, dtype=torch.float32)
+    for start in range(0, w.numel(), _CHUNK):
+        stop = min(start + _CHUNK, w.numel())
+        b, n = wide[: stop - start], narrow[: stop - start]
+        torch.add(src[start:stop], eps[start:stop], out=b)
+        b.div_(denominator)
+        b.mul_(server_lr)
+        n.copy_(b)
+        torch.add(w[start:stop], n, out=out[start:stop])
+    return out.view(weights.shape)
+
+
 def _cast_within(scaled: torch.Tensor, dtype: torch.dtype, clip_norm: float) -> tuple:
     """``scaled`` (float64, norm ≈ C) cast to ``dtype`` with its float64 norm ≤ C: the
     rounding of the cast can leave it a few ulps above C, then it is shrunk by 1e-6."""

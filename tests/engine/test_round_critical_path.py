@@ -91,6 +91,11 @@ def _pool(overrides: list[str]):
     return make_executor(prepare(cfg)).pool
 
 
+def _train_here(pool, rnd: int, cohort, w, public) -> list:
+    """The shard trained without the pool (whose ``train`` draws the noise ahead)."""
+    return [pool.worker.train_shard(w, rnd, cohort, public)]
+
+
 def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrides) -> None:
     """Rounds with ``prepare_noise`` equal rounds without it, bit for bit; noise drawn for
     another round (or another C_t) is never used, and a used draw is gone."""
@@ -104,7 +109,8 @@ def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrid
                 pool.server.prepare_noise(rnd)
                 pool.server.prepare_noise(rnd + 5)  # not this round: ignored
                 assert pool.server._noise is not None and pool.server._noise[0] == rnd
-            partials = pool.train(rnd, [cohort], w, public)
+            assert (pool.server._noise is not None) == draw
+            partials = _train_here(pool, rnd, cohort, w, public)
             rows.append(pool.finish_round(rnd, partials))
             assert pool.server._noise is None
         assert np.array_equal(plain.server.get_weights(), ahead.server.get_weights())
@@ -115,10 +121,52 @@ def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrid
     rnd_, _c, noise = ahead.server._noise
     ahead.server._noise = (rnd_, _c * 2, torch.zeros_like(noise))
     cohort_p, w_p, public_p = plain.begin_round(3)
-    a = ahead.finish_round(3, ahead.train(3, [cohort], w, public))
-    b = plain.finish_round(3, plain.train(3, [cohort_p], w_p, public_p))
+    a = ahead.finish_round(3, _train_here(ahead, 3, cohort, w, public))
+    b = plain.finish_round(3, _train_here(plain, 3, cohort_p, w_p, public_p))
     assert np.array_equal(plain.server.get_weights(), ahead.server.get_weights())
     assert a["epsilon"] == b["epsilon"]
+
+
+def test_in_process_pool_draws_the_noise_while_it_trains(small_overrides) -> None:
+    """``InProcessPool.train`` draws the round's noise in a second thread: after it the
+    server holds this round's draw, and the rounds equal rounds drawn at finish_round
+    bit for bit (weights and the noise itself)."""
+    ov = [*small_overrides, "privacy.epsilon=null", "privacy.noise_multiplier=1.0"]
+    plain, threaded = _pool(ov), _pool(ov)
+    for rnd in range(3):
+        cohort, w, public = threaded.begin_round(rnd)
+        partials = threaded.train(rnd, [cohort], w, public)
+        held = threaded.server._noise
+        assert held is not None and held[0] == rnd
+        expected = plain.server._draw_noise(rnd)  # what finish_round would draw itself
+        assert np.array_equal(bits(held[2]), bits(expected))
+        threaded.finish_round(rnd, partials)
+        cohort_p, w_p, public_p = plain.begin_round(rnd)
+        plain.finish_round(rnd, _train_here(plain, rnd, cohort_p, w_p, public_p))
+        assert np.array_equal(plain.server.get_weights(), threaded.server.get_weights())
+    threaded.close()
+    assert threaded._noise_thread is None
+
+
+@pytest.mark.parametrize("n", [7, kernels._CHUNK, 3 * kernels._CHUNK + 17])
+def test_noisy_mean_step_equals_privatize_then_update(n: int) -> None:
+    """The fused DP-FedAvg server step against privatize() and the plain update, bit
+    for bit, on random data with signed zeros, for several denominators and rates."""
+    g = torch.Generator().manual_seed(n)
+    w = torch.randn(n, generator=g)
+    w[::11] = -0.0
+    s = torch.randn(n, generator=g, dtype=torch.float64) * torch.logspace(-20, 2, n).double()
+    s[::13] = -0.0
+    noise = torch.randn(n, generator=g, dtype=torch.float64) * 3.7
+    noise[::17] = 0.0
+    for denominator, lr in ((11.0, 1.0), (2.5, 0.37), (1e4, 3.0), (1.0 / 3.0, 1e-3)):
+        avg = GaussianMechanism.privatize(s, noise, denominator)
+        want = w + (lr * avg).to(torch.float32)
+        got = kernels.noisy_mean_step(w, s, noise, denominator, lr)
+        assert got.dtype == torch.float32 and got.shape == w.shape
+        assert np.array_equal(bits(got), bits(want))
+    with pytest.raises(ValueError, match="denominator=0"):
+        kernels.noisy_mean_step(w, s, noise, 0, 1.0)
 
 
 def test_phase_timer_records_and_changes_nothing(small_overrides) -> None:
