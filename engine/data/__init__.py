@@ -78,6 +78,7 @@ def load_pooled(cfg, rng: np.random.Generator, public_clients: int = 0) -> Poole
             num_classes=cfg.synthetic_classes,
             mean_samples=cfg.synthetic_mean_samples,
             public_clients=public_clients,
+            shared=True,  # engine.data.shared: the Ray pool sends it by reference
         )
     normalize = getattr(cfg, "normalize", None)
     if cfg.name == "digits":

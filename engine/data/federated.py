@@ -19,7 +19,7 @@ no data of any client of the population (see :mod:`engine.data`).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -155,6 +155,14 @@ class FederatedDataset:
         if len(self.x_test) != len(self.y_test):
             raise ValueError("x_test and y_test differ in length")
 
+    def __reduce__(self):
+        """Pickled field by field; arrays in shared memory go as handles while
+        :func:`engine.data.shared.by_reference` is on (else by value, as always)."""
+        from engine.data.shared import reference
+
+        values = tuple(reference(getattr(self, f.name)) for f in fields(self))
+        return (_rebuild_dataset, values)
+
     @property
     def num_clients(self) -> int:
         return len(self.client_train)
@@ -162,6 +170,12 @@ class FederatedDataset:
     def client_sizes(self) -> np.ndarray:
         """Number of training examples per client (int64, one entry per client)."""
         return np.asarray(self.client_train.sizes(), dtype=np.int64)  # type: ignore[attr-defined]
+
+
+def _rebuild_dataset(*values: Any) -> FederatedDataset:
+    from engine.data.shared import resolve
+
+    return FederatedDataset(*map(resolve, values))
 
 
 def sort_segments(values: np.ndarray, offsets: np.ndarray, chunk: int = 65536) -> None:

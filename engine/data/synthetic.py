@@ -31,8 +31,9 @@ each state, and all of a client's normals after its size are drawn in one
 same stream, so this is the same arithmetic). Everything else (means, features,
 labels, scaling) is done per chunk of clients; only the per-client label matmul stays
 per client, with the same operands and layout as before, so the BLAS call is the same.
-The pooled arrays grow in place (``ndarray.resize``), so the peak is the data's own
-size plus a chunk, not a list of per-client arrays plus their concatenation.
+The pooled arrays grow in place (``ndarray.resize``, or a shared-memory file lengthened
+and remapped: :mod:`engine.data.shared`), so the peak is the data's own size plus a
+chunk, not a list of per-client arrays plus their concatenation.
 
 :func:`engine.data.build_dataset` asks for ``dataset.public_eval_clients`` extra clients
 (``public_clients``) and holds them out as the public evaluation set: clients drawn
@@ -48,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.data import shared as shared_memory
+from engine.data.shared import HeapRows, SharedRows
 from engine.data.sources import PooledData
 
 
@@ -189,10 +192,18 @@ class SyntheticGenerator:
         return out
 
     def clients(
-        self, segments: Sequence[tuple[int, np.ndarray]], chunk_values: int = 1 << 15
+        self,
+        segments: Sequence[tuple[int, np.ndarray]],
+        chunk_values: int = 1 << 15,
+        shared: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Examples of the clients ``ks`` of each ``(stream, ks)`` in ``segments``, in
-        order: float32 features ``(n, dim)``, int64 labels and each client's size."""
+        order: float32 features ``(n, dim)``, int64 labels and each client's size.
+
+        ``shared``: the features and labels are written straight into shared memory
+        (:class:`engine.data.shared.SharedRows`, where the platform has it), which the
+        Ray pool hands to its workers by reference instead of copying into the object
+        store; the values are the same either way."""
         d = self.dim
         head = self._head()
         per_client_max = head + self.max_size * d
@@ -201,8 +212,8 @@ class SyntheticGenerator:
         work = _Scratch(capacity, head, d, self.num_classes, min(4, self.max_size), self.beta)
         total = sum(len(ks) for _, ks in segments)
         expect = int(total * self.mean_samples * 1.2) + 16  # E[size] = m·e^{1/8} ≈ 1.13 m
-        x = np.empty((expect, d), np.float32)
-        y = np.empty(expect, np.int64)
+        rows_cls = SharedRows if shared and shared_memory.available() else HeapRows
+        out = rows_cls(expect, (d,), np.float32, np.int64)
         sizes = np.empty(total, np.int64)
         bg = np.random.PCG64(0)
         g = np.random.Generator(bg)
@@ -219,7 +230,7 @@ class SyntheticGenerator:
                     size = self._size(g)
                     n = head + size * d
                     if used + n > capacity:  # flush the chunk
-                        x, y, rows = self._finish(buf, starts, chunk, x, y, rows, work)
+                        rows = self._finish(buf, starts, chunk, out, rows, work)
                         used, starts, chunk = 0, [], []
                     g.standard_normal(out=buf[used : used + n])
                     starts.append(used)
@@ -227,9 +238,8 @@ class SyntheticGenerator:
                     used += n
                     sizes[done] = size
                     done += 1
-                x, y, rows = self._finish(buf, starts, chunk, x, y, rows, work)
-        x.resize((rows, d), refcheck=False)  # shrink in place (no copy of the data)
-        y.resize(rows, refcheck=False)
+                rows = self._finish(buf, starts, chunk, out, rows, work)
+        x, y = out.finish(rows)  # shrink in place (no copy of the data)
         return x, y, sizes
 
     def _finish(
@@ -237,12 +247,12 @@ class SyntheticGenerator:
         buf: np.ndarray,
         starts: list[int],
         chunk: list[int],
-        x: np.ndarray,
-        y: np.ndarray,
+        out: SharedRows | HeapRows,
         rows: int,
         work: _Scratch,
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """Turn one chunk's raw normals into examples, appended to ``x``/``y`` at ``rows``.
+    ) -> int:
+        """Turn one chunk's raw normals into examples, appended to ``out`` at ``rows``;
+        returns the new number of rows.
 
         Per client, as ``numpy``'s ``normal(loc, scale)`` computes from its normals z:
         u = 0 + √α·z, B = 0 + √β·z, W = u + z (or W_0 + u), b likewise, v = B + z,
@@ -251,7 +261,7 @@ class SyntheticGenerator:
         operations on the same operands, without a malloc/free (and page faults) each.
         """
         if not chunk:
-            return x, y, rows
+            return rows
         c, d = self.num_classes, self.dim
         head = self._head()
         size = np.asarray(chunk, dtype=np.int64)
@@ -290,14 +300,12 @@ class SyntheticGenerator:
         brep = work.brep[: n * c].reshape(n, c)
         np.take(b, owner, axis=0, out=brep)  # np.repeat(b, size, axis=0)
         np.add(logits, brep, out=logits)
-        if rows + n > len(y):  # grow in place (realloc; large blocks are remapped, not copied)
-            grow = max(rows + n, int(len(y) * 1.25))
-            x.resize((grow, d), refcheck=False)
-            y.resize(grow, refcheck=False)
+        out.reserve(rows + n)  # grows in place: pages are remapped, not copied
+        x, y = out.views(rows, rows + n)
         np.divide(feats, work.scale, out=feats)
-        x[rows : rows + n] = feats
-        y[rows : rows + n] = np.argmax(logits, axis=1)
-        return x, y, rows + n
+        x[:] = feats
+        y[:] = np.argmax(logits, axis=1)
+        return rows + n
 
 
 class _Scratch:
@@ -343,6 +351,7 @@ def generate_synthetic(
     mean_samples: int = 60,
     public_clients: int = 0,
     model: str = "shared",
+    shared: bool = False,
 ) -> PooledData:
     """Generate Synthetic(α, β); ``groups`` holds each example's (natural) client.
 
@@ -351,7 +360,8 @@ def generate_synthetic(
     ``num_clients`` >= K is. The ``public_clients`` extra clients (groups
     ``num_clients``, ``num_clients + 1``, ...) draw from ``spawn_key=(1, j)``: the same
     generator, streams disjoint from the population's, and the same whatever the
-    population is.
+    population is. ``shared``: the arrays are generated in shared memory
+    (:meth:`SyntheticGenerator.clients`), same values.
     """
     if num_clients < 1:
         raise ValueError(f"dataset.num_clients={num_clients} must be >= 1")
@@ -359,7 +369,9 @@ def generate_synthetic(
         raise ValueError(f"dataset.synthetic_model={model!r}: must be shared or per_client")
     seed = int(rng.integers(0, 2**63 - 1))
     gen = SyntheticGenerator(seed, alpha, beta, dim, num_classes, mean_samples, model)
-    x, y, sizes = gen.clients([(0, np.arange(num_clients)), (1, np.arange(public_clients))])
+    x, y, sizes = gen.clients(
+        [(0, np.arange(num_clients)), (1, np.arange(public_clients))], shared=shared
+    )
     return PooledData(
         x_train=x,
         y_train=y,

@@ -24,6 +24,12 @@ def server_in_driver(choice: str, address: str | None = None) -> bool:
     then outside the cluster). Results are bit-identical either way (tested)."""
     if choice != "auto":
         return choice == "driver"
+    return single_machine(address)
+
+
+def single_machine(address: str | None = None) -> bool:
+    """Whether this driver and every process of the Ray cluster share one machine: one
+    live node, not reached through Ray Client (``ray://``: the driver is outside)."""
     address = address or os.environ.get("RAY_ADDRESS") or ""
     if address.startswith("ray://"):
         return False
