@@ -24,9 +24,13 @@ from engine.data.synthetic import generate_synthetic
 pytestmark = pytest.mark.skipif(not shared.available(), reason="needs os.memfd_create")
 
 
-def _dataset(num_clients: int = 3000):
+def _dataset(num_clients: int = 3000, *more: str):
     cfg = load_config(
-        overrides=[f"dataset.num_clients={num_clients}", "dataset.synthetic_mean_samples=8"]
+        overrides=[
+            f"dataset.num_clients={num_clients}",
+            "dataset.synthetic_mean_samples=8",
+            *more,
+        ]
     )
     return build_dataset(cfg.dataset, np.random.default_rng(1))
 
@@ -49,6 +53,24 @@ def test_shared_generation_gives_the_heap_values():
     assert shared.segment_of(heap.x_train) is None
     assert shared.segment_of(mem.x_train) is not None
     assert shared.segment_of(mem.y_train) is not None
+
+
+def test_natural_partition_of_contiguous_groups_matches_the_definition():
+    """The synthetic layout (non-decreasing groups) takes a path without np.unique's
+    sort and temporaries; its result is the general definition's, dtypes included."""
+    from engine.data.partition import natural_partition
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        ids = np.sort(np.cumsum(rng.integers(1, 3, rng.integers(1, 20))) - 5)
+        groups = np.repeat(ids, rng.integers(1, 5, len(ids)))
+        for k in (None, 1, len(ids)):
+            got = natural_partition(groups, k)
+            want = [np.flatnonzero(groups == g) for g in ids[: len(ids) if k is None else k]]
+            assert got.flat.dtype == np.int64 and got.offsets.dtype == np.int64
+            assert [a.tolist() for a in got] == [a.tolist() for a in want]
+    with pytest.raises(ValueError, match="exceeds"):
+        natural_partition(np.array([0, 0, 1]), 3)
 
 
 def test_shared_rows_grow_without_losing_rows():
@@ -75,8 +97,9 @@ def test_the_public_test_set_is_the_segments_tail_not_a_copy():
     assert ds.x_test.ctypes.data == end
 
 
-def test_by_reference_pickles_handles_and_shares_memory_in_process():
-    ds = _dataset()
+@pytest.mark.parametrize("partition", ["iid", "natural"])
+def test_by_reference_pickles_handles_and_shares_memory_in_process(partition):
+    ds = _dataset(3000, f"dataset.partition={partition}", "dataset.client_test_fraction=0.25")
     with shared.by_reference():
         blob = pickle.dumps(ds, protocol=5)
     by_value = pickle.dumps(ds, protocol=5)  # off: values, as before (files, Tune)
@@ -85,6 +108,9 @@ def test_by_reference_pickles_handles_and_shares_memory_in_process():
     back = pickle.loads(blob)
     for name in ("x_train", "y_train", "x_test", "y_test"):
         assert np.shares_memory(getattr(back, name), getattr(ds, name)), name
+    for name in ("client_train", "client_test"):  # the flat indices too
+        assert shared.segment_of(getattr(ds, name).flat) is not None, name
+        assert np.shares_memory(getattr(back, name).flat, getattr(ds, name).flat), name
     assert back.num_clients == ds.num_clients
     assert np.array_equal(back.client_sizes(), ds.client_sizes())
 

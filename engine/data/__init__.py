@@ -27,6 +27,7 @@ import numpy as np
 
 from engine.data.federated import FederatedDataset, split_client_test
 from engine.data.partition import dirichlet_partition, iid_partition, natural_partition
+from engine.data.shared import segment_of
 from engine.data.sources import DatasetFilesMissing, PooledData
 
 __all__ = [
@@ -204,7 +205,9 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         clients = iid_partition(n, cfg.num_clients, rng)
     else:
         clients = dirichlet_partition(pooled.y_train, cfg.num_clients, cfg.alpha, rng)
-    train, test = split_client_test(clients, cfg.held_out_fraction, rng)
+    # indices go where the examples are: shared memory for a generated population
+    shared = segment_of(pooled.x_train) is not None
+    train, test = split_client_test(clients, cfg.held_out_fraction, rng, shared=shared)
     return FederatedDataset(
         name=cfg.name,
         x_train=pooled.x_train,

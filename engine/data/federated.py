@@ -4,7 +4,10 @@ A :class:`FederatedDataset` holds every example once (``x_train``/``y_train`` fo
 what clients own, ``x_test``/``y_test`` for the global test set) and, for each
 client, the indices of its training examples and of its held-out examples (both
 index into ``x_train``). Workers receive it once through Ray's object store; numpy
-arrays are then read zero-copy from shared memory, so nothing is copied per task.
+arrays are then read zero-copy from shared memory, so nothing is copied per task. A
+generated population's examples and flat indices are already in shared memory
+(:mod:`engine.data.shared`); on one machine the Ray pool sends those by reference, so
+they are not copied into the object store either.
 
 The per-client indices are a :class:`ClientIndex`: one flat int64 array plus offsets
 (CSR), so a population of 10^6 clients costs 8 bytes per client and per example, not
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from engine.data.shared import empty, reference, resolve
 
 
 class ClientIndex(Sequence[np.ndarray]):
@@ -104,7 +109,7 @@ class ClientIndex(Sequence[np.ndarray]):
         return np.diff(self.offsets)
 
     def __reduce__(self):
-        return (ClientIndex, (self.flat, self.offsets))
+        return (_rebuild_index, (reference(self.flat), reference(self.offsets)))
 
     def __repr__(self) -> str:
         return f"ClientIndex({len(self)} clients, {len(self.flat)} indices)"
@@ -158,8 +163,6 @@ class FederatedDataset:
     def __reduce__(self):
         """Pickled field by field; arrays in shared memory go as handles while
         :func:`engine.data.shared.by_reference` is on (else by value, as always)."""
-        from engine.data.shared import reference
-
         values = tuple(reference(getattr(self, f.name)) for f in fields(self))
         return (_rebuild_dataset, values)
 
@@ -172,9 +175,11 @@ class FederatedDataset:
         return np.asarray(self.client_train.sizes(), dtype=np.int64)  # type: ignore[attr-defined]
 
 
-def _rebuild_dataset(*values: Any) -> FederatedDataset:
-    from engine.data.shared import resolve
+def _rebuild_index(flat: Any, offsets: Any) -> ClientIndex:
+    return ClientIndex(resolve(flat), resolve(offsets))
 
+
+def _rebuild_dataset(*values: Any) -> FederatedDataset:
     return FederatedDataset(*map(resolve, values))
 
 
@@ -197,14 +202,19 @@ def sort_segments(values: np.ndarray, offsets: np.ndarray, chunk: int = 65536) -
 
 
 def split_client_test(
-    client_indices: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
+    client_indices: Sequence[np.ndarray],
+    test_fraction: float,
+    rng: np.random.Generator,
+    shared: bool = False,
 ) -> tuple[ClientIndex, ClientIndex]:
     """Split each client's examples into a train and a held-out part.
 
     Each client keeps at least one training example; ``floor(test_fraction * n)``
     of its examples (chosen uniformly by ``rng``) become its held-out split. ``rng``
     draws one permutation per client, in client order (the only per-client Python
-    step); selection and sorting are done a chunk of clients at a time.
+    step); selection and sorting are done a chunk of clients at a time. ``shared``: the
+    two flat indices are allocated in shared memory (:mod:`engine.data.shared`), to be
+    sent by reference with examples that are.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"dataset.client_test_fraction={test_fraction} must be in [0, 1)")
@@ -214,8 +224,8 @@ def split_client_test(
     test_off = np.zeros(len(sizes) + 1, np.int64)
     np.cumsum(n_test, out=test_off[1:])
     train_off = index.offsets - test_off
-    test_flat = np.empty(int(test_off[-1]), np.int64)
-    train_flat = np.empty(int(train_off[-1]), np.int64)
+    test_flat = empty(int(test_off[-1]), np.int64, shared)
+    train_flat = empty(int(train_off[-1]), np.int64, shared)
     chunk = 65536
     for a in range(0, len(sizes), chunk):
         b = min(a + chunk, len(sizes))

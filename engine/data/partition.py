@@ -84,6 +84,8 @@ def natural_partition(groups: np.ndarray, num_clients: int | None = None) -> Cli
     if there are fewer).
     """
     groups = np.asarray(groups)
+    if len(groups) > 1 and bool((groups[1:] >= groups[:-1]).all()):
+        return _contiguous_groups(groups, num_clients)
     _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
     have = len(first)
     if num_clients is not None and num_clients > have:
@@ -97,3 +99,20 @@ def natural_partition(groups: np.ndarray, num_clients: int | None = None) -> Cli
     owner = rank[np.asarray(inverse).reshape(-1)]
     mine = np.flatnonzero(owner < keep)
     return ClientIndex.from_owners(owner[mine], mine, keep)
+
+
+def _contiguous_groups(groups: np.ndarray, num_clients: int | None) -> ClientIndex:
+    """:func:`natural_partition` of non-decreasing ``groups`` (the synthetic generator's
+    layout): client k is the k-th run of equal values, so its indices are one range and
+    the flat index is ``arange``. The same result without the general path's sort and
+    its ~6 example-sized int64 temporaries (~0.4 GiB at 10^6 clients)."""
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    have = len(starts)
+    if num_clients is not None and num_clients > have:
+        raise ValueError(
+            f"dataset.num_clients={num_clients} exceeds the {have} natural "
+            "clients (writers/roles) in the data"
+        )
+    keep = have if num_clients is None else num_clients
+    offsets = np.append(starts, len(groups))[: keep + 1].astype(np.int64)
+    return ClientIndex(np.arange(offsets[-1], dtype=np.int64), offsets)

@@ -121,6 +121,16 @@ class SharedRows:
         return self.views(0, rows)
 
 
+def empty(n: int, dtype: Any, shared: bool = True) -> np.ndarray:
+    """``np.empty(n, dtype)``, in a shared segment of its own when ``shared`` (and the
+    platform has them)."""
+    if not (shared and available()):
+        return np.empty(n, dtype)
+    dt = np.dtype(dtype)
+    seg = _new_segment(n * dt.itemsize, "index")
+    return np.ndarray((n,), dt, buffer=seg)
+
+
 class HeapRows:
     """:class:`SharedRows`' interface on ordinary arrays that grow in place
     (``ndarray.resize``: large blocks are remapped by realloc, not copied)."""
