@@ -180,3 +180,42 @@ def test_ray_put_by_reference_reaches_workers_without_a_store_copy(ray_session):
         _digest(ds.x_train, ds.y_train, ds.x_test, ds.y_test),
         True,
     )
+
+
+def test_iid_partition_in_shared_memory_is_the_same_partition():
+    from engine.data.partition import iid_partition
+
+    for n, k in ((1, 1), (10, 3), (100_003, 777), (3_000_000, 1000)):  # > one 2^20 chunk
+        heap = iid_partition(n, k, np.random.default_rng(n))
+        mem = iid_partition(n, k, np.random.default_rng(n), shared=True)
+        assert shared.segment_of(mem.flat) is not None
+        assert np.array_equal(heap.flat, mem.flat) and mem.flat.dtype == heap.flat.dtype
+        assert np.array_equal(heap.offsets, mem.offsets)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1])  # 0.1 of clients of < 10: nothing held out
+@pytest.mark.parametrize("sort_input", [True, False])
+def test_a_split_that_holds_nothing_out_is_the_index_itself(monkeypatch, fraction, sort_input):
+    """No draws and no copy when nothing is held out: the same result as the per-client
+    permutations sorted back (forced here by declaring the index unsorted)."""
+    from engine.data import federated
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 10, 500)
+    perm = rng.permutation(int(sizes.sum()))
+    parts = np.split(perm, np.cumsum(sizes)[:-1])
+    parts = [np.sort(p) if sort_input else p for p in parts]
+    fast = federated.split_client_test(parts, fraction, np.random.default_rng(1))
+    monkeypatch.setattr(federated, "_segments_sorted", lambda index: False)
+    slow = federated.split_client_test(parts, fraction, np.random.default_rng(1))
+    monkeypatch.undo()
+    for a, b in zip(fast, slow):
+        assert np.array_equal(a.flat, b.flat) and a.flat.dtype == b.flat.dtype
+        assert np.array_equal(a.offsets, b.offsets)
+    index = federated.ClientIndex.from_arrays(parts)
+    train, _ = federated.split_client_test(index, fraction, np.random.default_rng(1))
+    assert np.shares_memory(train.flat, index.flat) == sort_input  # no copy when sorted
+    shared_train, _ = federated.split_client_test(
+        index, fraction, np.random.default_rng(1), shared=True
+    )
+    assert shared.segment_of(shared_train.flat) is not None

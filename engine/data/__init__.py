@@ -195,6 +195,8 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
     if len(y_test) == 0:
         raise ValueError(f"dataset.name={cfg.name}: the public evaluation set is empty")
     n = len(pooled.y_train)
+    # indices go where the examples are: shared memory for a generated population
+    shared = segment_of(pooled.x_train) is not None
     if cfg.partition == "natural":
         if pooled.groups is None:
             raise ValueError(
@@ -202,11 +204,9 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
             )
         clients = natural_partition(pooled.groups, cfg.num_clients)
     elif cfg.partition == "iid":
-        clients = iid_partition(n, cfg.num_clients, rng)
+        clients = iid_partition(n, cfg.num_clients, rng, shared=shared)
     else:
         clients = dirichlet_partition(pooled.y_train, cfg.num_clients, cfg.alpha, rng)
-    # indices go where the examples are: shared memory for a generated population
-    shared = segment_of(pooled.x_train) is not None
     train, test = split_client_test(clients, cfg.held_out_fraction, rng, shared=shared)
     return FederatedDataset(
         name=cfg.name,

@@ -12,15 +12,27 @@ from __future__ import annotations
 import numpy as np
 
 from engine.data.federated import ClientIndex, sort_segments
+from engine.data.shared import empty
 
 
-def iid_partition(n: int, num_clients: int, rng: np.random.Generator) -> ClientIndex:
-    """Shuffle ``n`` examples and deal them into ``num_clients`` near-equal parts."""
+def iid_partition(
+    n: int, num_clients: int, rng: np.random.Generator, shared: bool = False
+) -> ClientIndex:
+    """Shuffle ``n`` examples and deal them into ``num_clients`` near-equal parts.
+
+    ``shared``: the index is built in shared memory (:mod:`engine.data.shared`); the
+    permutation is the same (``Generator.permutation(n)`` shuffles ``arange(n)``)."""
     if num_clients < 1 or num_clients > n:
         raise ValueError(
             f"dataset.num_clients={num_clients} must be between 1 and the {n} examples"
         )
-    perm = rng.permutation(n)
+    if shared:
+        perm = empty(n, np.int64)
+        for a in range(0, n, 1 << 20):  # arange(n), without an n-sized temporary
+            perm[a : a + (1 << 20)] = np.arange(a, min(a + (1 << 20), n))
+        rng.shuffle(perm)
+    else:
+        perm = rng.permutation(n)
     # np.array_split: the first n % num_clients parts hold one more example
     sizes = np.full(num_clients, n // num_clients, dtype=np.int64)
     sizes[: n % num_clients] += 1
