@@ -17,8 +17,9 @@ timer only reads the clock. Printed, per round and as the mean of rounds 2..N:
   ``reduce``, ``noise_draw`` when not drawn ahead, ``server_update``), ``evaluation``,
   ``round_checkpoint_refs`` (Ray's in-memory round checkpoint), ``checkpoint_state`` and
   ``checkpoint_file`` (the state gathered and written before the row), ``parquet_row``;
-  ``noise_draw_ahead`` is the server's noise drawn while the shards train (off the
-  critical path when a core is free);
+  ``noise_draw_ahead`` is the server's noise drawn in its own thread (started when the
+  previous round's update is made; off the critical path when a core is free) and
+  ``noise_wait`` the part of it the round waited for (inside ``server_update``);
 * workers (Ray: read from each actor after the round): ``local_training`` (inside the
   trainer) and ``partial_sum`` (the rest of the shard: differences, clipping, the
   float64 sum and its hand-over), and ``idle`` = ``train_wait`` − the worker's shard;
@@ -73,7 +74,14 @@ DRIVER_PHASES = [
     "checkpoint_file",
     "parquet_row",
 ]
-SERVER_PHASES = ["cohort_sampling", "noise_draw_ahead", "reduce", "noise_draw", "server_update"]
+SERVER_PHASES = [
+    "cohort_sampling",
+    "noise_draw_ahead",
+    "noise_wait",
+    "reduce",
+    "noise_draw",
+    "server_update",
+]
 WORKER_PHASES = ["local_training", "partial_sum", "idle"]
 
 

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== server ceiling (one torch thread); load average {load()}")
     for model in args.models:
         server = make_server(model)
+        server.draw_ahead = False  # each draw timed here, in this thread, not in the next round
         d = server.dim()
         partial = np.random.default_rng(1).standard_normal(d) * 1e-3
         for k in args.workers:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,8 +219,13 @@ class Server:
             from engine.privacy.audit_correlated import make_audit  # any participation
 
             self.audit = make_audit(spec.audit, self.weights, priv, spec.sampling)
-        #: (round, C_t, noise) drawn by :meth:`prepare_noise` while the round trained
-        self._noise: tuple[int, float, torch.Tensor] | None = None
+        #: (round, C_t, noise or the Future of its draw): drawn ahead by
+        #: :meth:`prepare_noise` or :meth:`prefetch_noise`, used once by finish_round
+        self._noise: tuple[int, float, torch.Tensor | Future] | None = None
+        #: the one thread that draws noise ahead (created by the first prefetch)
+        self._noise_thread: ThreadPoolExecutor | None = None
+        #: False: no draw in the background (tests compare the two; values are equal)
+        self.draw_ahead = True
         self.timer = OFF  # engine.telemetry.phases: a benchmark's PhaseTimer, else records nothing
 
     def dim(self) -> int:
@@ -239,6 +245,7 @@ class Server:
 
     def load_state_dict(self, state: dict) -> None:
         self.weights = torch.from_numpy(np.array(state["weights"], dtype=np.float32))
+        self._noise = None  # a draw made ahead for the state being replaced is dropped
         g = state.get("g_tilde")
         self.g_tilde = None if g is None else torch.from_numpy(np.array(g, dtype=np.float32))
         self.rounds_done = int(state["rounds_done"])
@@ -294,11 +301,61 @@ class Server:
         :meth:`finish_round` only adds it. The noise depends on no client data: only on
         z, the round's public C_t, its stream and its public support, all fixed when the
         round begins; the values are those :meth:`finish_round` would draw itself
-        (bit-identical), and it is still added exactly once, to this round's sum."""
-        if self.mechanism is None or rnd != self.rounds_done:
+        (bit-identical), and it is still added exactly once, to this round's sum.
+        Nothing to do when :meth:`prefetch_noise` already started this round's draw."""
+        if self.mechanism is None or rnd != self.rounds_done or self._drawing(rnd):
             return
         with self.timer.phase("noise_draw_ahead"):
             self._noise = (rnd, self.mechanism.clip_t, self._draw_noise(rnd))
+
+    def prefetch_noise(self, rnd: int) -> None:
+        """Start drawing round ``rnd``'s noise in the server's own thread and return at
+        once (torch releases the GIL while it fills the vector). :meth:`finish_round`
+        calls it for round t+1 as soon as round t's update is made, so the draw overlaps
+        the checkpoint, the row, evaluation and round t+1's training; executors call it
+        when a round's shards are dispatched (the first round's draw). The same values
+        as :meth:`prepare_noise` (C_{t+1} is fixed when round t ends, also under
+        adaptive clipping), used once; a draw for another round or C_t is ignored.
+        In release mode (``privacy.secure_noise``) the executor's call draws in the
+        calling thread (:meth:`prepare_noise`) and finish_round starts none, so the OS
+        entropy is read in one fixed order, never interleaved with the cohort's."""
+        mech = self.mechanism
+        if self.spec.secure:
+            self.prepare_noise(rnd)
+            return
+        if mech is None or not self.draw_ahead or rnd != self.rounds_done:
+            return
+        if rnd >= self.spec.rounds or self._drawing(rnd):
+            return
+        if self._noise_thread is None:
+            self._noise_thread = ThreadPoolExecutor(1, thread_name_prefix="dpfl-noise")
+        timer = self.timer
+
+        def draw() -> torch.Tensor:
+            with timer.phase("noise_draw_ahead"):
+                return self._draw_noise(rnd)
+
+        self._noise = (rnd, mech.clip_t, self._noise_thread.submit(draw))
+
+    def _drawing(self, rnd: int) -> bool:
+        """Whether round ``rnd``'s noise (for the current C_t) is drawn or being drawn."""
+        held = self._noise
+        return (
+            held is not None
+            and self.mechanism is not None
+            and held[:2]
+            == (
+                rnd,
+                self.mechanism.clip_t,
+            )
+        )
+
+    def close(self) -> None:
+        """Stop the noise thread (a draw in progress is finished and dropped)."""
+        if self._noise_thread is not None:
+            self._noise_thread.shutdown(wait=True, cancel_futures=True)
+            self._noise_thread = None
+        self._noise = None
 
     def finish_round(self, rnd: int, *partials: PartialSum, evaluate: bool = True) -> dict:
         """Aggregate the shards' partial sums, privatise, post-process, update, account.
@@ -328,7 +385,11 @@ class Server:
         if mech is not None:
             ahead, self._noise = self._noise, None
             if ahead is not None and ahead[:2] == (rnd, clip_t):
-                noise = ahead[2]
+                held = ahead[2]
+                if isinstance(held, Future):
+                    with self.timer.phase("noise_wait"):
+                        held = held.result()
+                noise = held
             else:
                 with self.timer.phase("noise_draw"):
                     noise = self._draw_noise(rnd)
@@ -367,6 +428,8 @@ class Server:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
         if self.correlated is not None:
             extra.update(self.correlated.row_extra(rnd))  # dp_ftrl: the round's epoch
+        if not spec.secure:  # C_{t+1} is set: the next draw overlaps what follows
+            self.prefetch_noise(rnd + 1)
         row: dict = {
             "round": rnd + 1,
             "cohort_size": spec.sampling.denominator,

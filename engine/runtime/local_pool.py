@@ -4,7 +4,6 @@ shards trained one after another — the reference the Ray pool must equal."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -35,9 +34,6 @@ class InProcessPool:
         self.server = Server(dataset, server_spec)
         self.worker = ClientWorker(dataset, local_spec)
         self.timer: Any = OFF
-        #: One thread that draws the server's noise while this thread trains (as the
-        #: Ray pool does in the driver); created at the first round, joined in close().
-        self._noise_thread: ThreadPoolExecutor | None = None
 
     def set_timer(self, timer: Any) -> None:
         self.timer = self.server.timer = self.worker.timer = timer
@@ -46,22 +42,13 @@ class InProcessPool:
         return self.server.begin_round(rnd)
 
     def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
-        # The round's noise depends on no client data (Server.prepare_noise): it is
-        # drawn in a second thread while the shards train in this one (torch and
-        # numpy release the GIL while they fill arrays), the same values from the
-        # same stream, and added once in finish_round. On a GPU the server's CPU
-        # work then hides behind training; on a busy CPU it costs nothing extra.
-        if self._noise_thread is None:
-            self._noise_thread = ThreadPoolExecutor(1, thread_name_prefix="dpfl-noise")
-        drawn = self._noise_thread.submit(self.server.prepare_noise, rnd)
-        try:
-            with self.timer.phase("train_shards"):
-                out = [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
-        finally:
-            error = drawn.exception()  # waits for the draw; training's error goes first
-        if error is not None:
-            raise error
-        return out
+        # The round's noise depends on no client data (Server.prefetch_noise): the
+        # server draws it in its own thread while the shards train in this one, the
+        # same values from the same stream (the previous round already started it,
+        # except for the first round); finish_round waits for it and adds it once.
+        self.server.prefetch_noise(rnd)
+        with self.timer.phase("train_shards"):
+            return [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
 
     def finish_round(self, rnd: int, partials: list) -> dict:
         return self.server.finish_round(rnd, *partials, evaluate=False)
@@ -89,6 +76,4 @@ class InProcessPool:
         self.worker.restore_client_state(state.get("clients", {}))
 
     def close(self) -> None:
-        if self._noise_thread is not None:
-            self._noise_thread.shutdown(wait=True)
-            self._noise_thread = None
+        self.server.close()

@@ -245,7 +245,7 @@ class RayWorkerPool:
         # the shards train (in the driver, or queued on a server actor before
         # finish_round), instead of after the last partial sum has arrived.
         t_wait = time.perf_counter()
-        self.server.prepare_noise.remote(rnd)
+        self.server.prefetch_noise.remote(rnd)
         partials = [r[0] for r in refs]
         pending = {i: refs[i][1] for i in range(len(refs))}
         while pending:
@@ -335,7 +335,10 @@ class RayWorkerPool:
 
     def close(self) -> None:
         ray = self._ray
-        for a in [*getattr(self, "workers", []), getattr(self, "server", None)]:
+        server = getattr(self, "server", None)
+        if isinstance(server, DriverServer):
+            server.instance.close()  # its noise thread; an actor's ends with its process
+        for a in [*getattr(self, "workers", []), server]:
             if a is not None and not isinstance(a, DriverServer):
                 try:
                     ray.kill(a)

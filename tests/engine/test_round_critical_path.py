@@ -101,6 +101,7 @@ def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrid
     another round (or another C_t) is never used, and a used draw is gone."""
     ov = [*small_overrides, "privacy.epsilon=null", "privacy.noise_multiplier=1.0"]
     plain, ahead = _pool(ov), _pool(ov)
+    plain.server.draw_ahead = ahead.server.draw_ahead = False  # only prepare_noise here
     for rnd in range(3):
         rows = []
         for pool, draw in ((plain, False), (ahead, True)):
@@ -127,25 +128,41 @@ def test_server_uses_noise_drawn_ahead_once_and_only_for_its_round(small_overrid
     assert a["epsilon"] == b["epsilon"]
 
 
-def test_in_process_pool_draws_the_noise_while_it_trains(small_overrides) -> None:
-    """``InProcessPool.train`` draws the round's noise in a second thread: after it the
-    server holds this round's draw, and the rounds equal rounds drawn at finish_round
-    bit for bit (weights and the noise itself)."""
-    ov = [*small_overrides, "privacy.epsilon=null", "privacy.noise_multiplier=1.0"]
-    plain, threaded = _pool(ov), _pool(ov)
-    for rnd in range(3):
-        cohort, w, public = threaded.begin_round(rnd)
-        partials = threaded.train(rnd, [cohort], w, public)
-        held = threaded.server._noise
-        assert held is not None and held[0] == rnd
-        expected = plain.server._draw_noise(rnd)  # what finish_round would draw itself
-        assert np.array_equal(bits(held[2]), bits(expected))
-        threaded.finish_round(rnd, partials)
-        cohort_p, w_p, public_p = plain.begin_round(rnd)
-        plain.finish_round(rnd, _train_here(plain, rnd, cohort_p, w_p, public_p))
-        assert np.array_equal(plain.server.get_weights(), threaded.server.get_weights())
-    threaded.close()
-    assert threaded._noise_thread is None
+def test_noise_is_drawn_in_the_background_one_round_ahead(small_overrides) -> None:
+    """``finish_round`` of round t starts round t+1's draw in the server's thread (and
+    ``InProcessPool.train`` starts round 0's): the draw held equals what finish_round
+    would draw itself, and the rounds equal rounds drawn at finish_round bit for bit,
+    also under adaptive clipping (C_{t+1} is fixed when round t ends) and after a
+    restore, which drops a draw made for the replaced state."""
+    from concurrent.futures import Future
+
+    for extra in ([], ["privacy.clip_mode=adaptive", "privacy.clip_count_stddev=5"]):
+        ov = [*small_overrides, "privacy.epsilon=null", "privacy.noise_multiplier=1.0", *extra]
+        plain, threaded = _pool(ov), _pool(ov)
+        plain.server.draw_ahead = False
+        for rnd in range(3):
+            cohort, w, public = threaded.begin_round(rnd)
+            partials = threaded.train(rnd, [cohort], w, public)
+            held = threaded.server._noise
+            assert held is not None and held[0] == rnd and isinstance(held[2], Future)
+            assert held[1] == threaded.server.mechanism.clip_t
+            expected = plain.server._draw_noise(rnd)  # what finish_round would draw itself
+            assert np.array_equal(bits(held[2].result()), bits(expected))
+            row = threaded.finish_round(rnd, partials)
+            nxt = threaded.server._noise
+            if rnd + 1 < threaded.server.spec.rounds:  # started for the next round
+                assert nxt is not None and nxt[0] == rnd + 1
+            else:  # none after the last round
+                assert nxt is None
+            cohort_p, w_p, public_p = plain.begin_round(rnd)
+            row_p = plain.finish_round(rnd, _train_here(plain, rnd, cohort_p, w_p, public_p))
+            assert plain.server._noise is None
+            assert np.array_equal(plain.server.get_weights(), threaded.server.get_weights())
+            assert row.get("clip_norm") == row_p.get("clip_norm")
+        threaded.restore(plain.checkpoint())
+        assert threaded.server._noise is None
+        threaded.close()
+        assert threaded.server._noise_thread is None
 
 
 @pytest.mark.parametrize("n", [7, kernels._CHUNK, 3 * kernels._CHUNK + 17])
