@@ -25,8 +25,11 @@ SMOKE = {
 }
 HEAD_CPUS = 0.5
 #: Trials sharing one GPU when the cluster has GPUs and ``ray.num_gpus_per_worker`` is
-#: unset (``tune.trials_per_gpu``; see :func:`pack_trials_per_gpu`).
-TRIALS_PER_GPU = 4
+#: unset (``tune.trials_per_gpu``; see :func:`pack_trials_per_gpu`). 8: on an H200,
+#: 8 concurrent ``cnn`` trials gave 1.46-2.31x one trial's client updates/s in three
+#: runs, 4 gave 0.78-1.37x and 2 gave 0.51-0.84x (``benchmarks/sweep_gpu.py``; README,
+#: GPU packing); each trial's vectorised groups are sized for its 1/8 of the card.
+TRIALS_PER_GPU = 8
 #: Where a trial's simulation runs (``tune.trial_executor``): ``auto`` is ``local``
 #: (inside the trial's own process) when ``ray.num_workers == 1`` — one worker actor
 #: would add a process to start and no parallelism — else ``ray.executor``.
