@@ -53,7 +53,8 @@ KEY_HELP: dict[str, str] = {
     ),
     "dataset.normalize": "image inputs: standardize (public per-channel constants) or "
     "unit_interval ([0, 1]); null: the source's recipe (unit_interval for mnist, "
-    "fashion_mnist, emnist, femnist; standardize for cifar10, cifar100, svhn, digits)",
+    "fashion_mnist, emnist, femnist; standardize for cifar10, cifar100, svhn, digits), "
+    "resolved when the config is loaded so config.json records it",
     "model.name": "logreg, mlp, cnn, resnet10_gn, resnet18_gn, char_lstm",
     "model.memory_format": "auto, contiguous or channels_last (conv layout; same maths)",
     "model.init": "default (PyTorch layer init from the seed) or zeros (logreg only)",

@@ -28,6 +28,7 @@ from engine.config.sections import (
     RayConfig,
     SamplingConfig,
     ServerConfig,
+    default_normalize,
 )
 
 #: The built-in recipes, from the registry's torch-free catalog (algorithms.catalog).
@@ -64,6 +65,12 @@ class RunConfig:
         if self.dataset.client_test_fraction is None:  # resolved here, so config.json has it
             resolved = dataclasses.replace(
                 self.dataset, client_test_fraction=self.default_client_test_fraction()
+            )
+            object.__setattr__(self, "dataset", resolved)
+        if self.dataset.normalize is None and default_normalize(self.dataset.name) is not None:
+            # the source's own preprocessing, resolved here so that config.json says it
+            resolved = dataclasses.replace(
+                self.dataset, normalize=default_normalize(self.dataset.name)
             )
             object.__setattr__(self, "dataset", resolved)
         if self.algorithm != CUSTOM and self.recipe != RecipeConfig():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from engine.base.errors import check as _check
 from engine.data.leaf import LEAF_SOURCES
-from engine.data.torchvision_sources import TORCHVISION_SOURCES
+from engine.data.torchvision_sources import DEFAULT_NORMALIZE, TORCHVISION_SOURCES
 
 #: ``dataset.name``: the sources engine.data reads (synthetic, digits, torchvision's, LEAF's).
 DATASET_NAMES = ("synthetic", "digits", *TORCHVISION_SOURCES, *LEAF_SOURCES)
@@ -32,6 +32,20 @@ NORMALIZE_MODES: dict[str, tuple[str, ...]] = {
 #: membership inference) and ``dataset.client_test_fraction`` is null; also what a
 #: DatasetConfig built outside a RunConfig (tests, benchmarks) holds out.
 HELD_OUT_FRACTION = 0.2
+
+
+def default_normalize(name: str) -> str | None:
+    """What ``dataset.normalize: null`` means for source ``name`` (each loader's own
+    default): ``unit_interval`` for the 28x28 grey-scale torchvision sources and
+    FEMNIST (LEAF's pixels are in [0, 1]), ``standardize`` for CIFAR and the digits;
+    ``None`` for the synthetic source, which has no pixels to normalise."""
+    if name in DEFAULT_NORMALIZE:
+        return DEFAULT_NORMALIZE[name]
+    if name == "digits":
+        return "standardize"
+    if name in NORMALIZE_MODES["unit_interval"]:  # femnist
+        return "unit_interval"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -127,3 +127,38 @@ def test_the_readme_reference_names_every_config_key() -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert missing_from_reference(readme) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("synthetic", None),
+        ("digits", "standardize"),
+        ("mnist", "unit_interval"),
+        ("fashion_mnist", "unit_interval"),
+        ("emnist", "unit_interval"),
+        ("femnist", "unit_interval"),
+        ("cifar10", "standardize"),
+    ],
+)
+def test_null_normalize_is_resolved_to_what_the_loader_applies(name, expected) -> None:
+    """``dataset.normalize: null`` is resolved when the config is loaded, so config.json
+    records the preprocessing that ran: the same mode each loader applies for null, and
+    an explicit choice is kept."""
+    from engine.data.torchvision_sources import DEFAULT_NORMALIZE
+
+    cfg = load_config(overrides=[f"dataset.name={name}"])
+    assert cfg.dataset.normalize == expected
+    assert cfg.to_dict()["dataset"]["normalize"] == expected
+    if name in DEFAULT_NORMALIZE:  # the torchvision loader's own default for null
+        assert DEFAULT_NORMALIZE[name] == expected
+    if name == "digits":  # the digits loader's null is the resolved mode
+        from engine.data.digits import load_digits_source
+
+        a, b = load_digits_source(None), load_digits_source(expected)
+        assert (a.x_train == b.x_train).all()
+    if expected is not None:
+        other = "standardize" if expected == "unit_interval" else "unit_interval"
+        if name != "femnist":  # femnist's LEAF pixels allow unit_interval only
+            explicit = load_config(overrides=[f"dataset.name={name}", f"dataset.normalize={other}"])
+            assert explicit.dataset.normalize == other
