@@ -16,7 +16,9 @@ keyed by (seed, round, client), so it does not depend on which worker trains a c
 
 Ray layout: one persistent :class:`ClientWorker` actor per worker, each declared with
 ``num_cpus`` / ``num_gpus`` (fractional GPUs allowed) and holding the dataset once —
-``ray.put`` places it in the object store and numpy arrays are read zero-copy — and
+``ray.put`` places it in the object store and numpy arrays are read zero-copy; on one
+machine a generated population's arrays, already in shared memory, go by reference
+(:mod:`engine.data.shared`) instead of being copied into the store — and
 one :class:`Server` that owns the global model, the noise streams and the accountant:
 an actor, or (``ray.server``, :func:`engine.runtime.driver_server.server_in_driver`)
 the driver process behind an actor's interface
