@@ -100,17 +100,23 @@ def natural_partition(groups: np.ndarray, num_clients: int | None = None) -> Cli
         return _contiguous_groups(groups, num_clients)
     _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
     have = len(first)
-    if num_clients is not None and num_clients > have:
-        raise ValueError(
-            f"dataset.num_clients={num_clients} exceeds the {have} natural "
-            "clients (writers/roles) in the data"
-        )
-    keep = have if num_clients is None else num_clients
+    keep = _kept(have, num_clients)
     rank = np.empty(have, dtype=np.int64)  # client number of each distinct group
     rank[np.argsort(first, kind="stable")] = np.arange(have)
     owner = rank[np.asarray(inverse).reshape(-1)]
     mine = np.flatnonzero(owner < keep)
     return ClientIndex.from_owners(owner[mine], mine, keep)
+
+
+def _kept(have: int, num_clients: int | None) -> int:
+    """How many of ``have`` natural clients a run keeps (all, or the first
+    ``num_clients``; more than there are is an error naming the key)."""
+    if num_clients is not None and num_clients > have:
+        raise ValueError(
+            f"dataset.num_clients={num_clients} exceeds the {have} natural "
+            "clients (writers/roles) in the data"
+        )
+    return have if num_clients is None else num_clients
 
 
 def _contiguous_groups(groups: np.ndarray, num_clients: int | None) -> ClientIndex:
@@ -120,11 +126,6 @@ def _contiguous_groups(groups: np.ndarray, num_clients: int | None) -> ClientInd
     its ~6 example-sized int64 temporaries (~0.4 GiB at 10^6 clients)."""
     starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
     have = len(starts)
-    if num_clients is not None and num_clients > have:
-        raise ValueError(
-            f"dataset.num_clients={num_clients} exceeds the {have} natural "
-            "clients (writers/roles) in the data"
-        )
-    keep = have if num_clients is None else num_clients
+    keep = _kept(have, num_clients)
     offsets = np.append(starts, len(groups))[: keep + 1].astype(np.int64)
     return ClientIndex(np.arange(offsets[-1], dtype=np.int64), offsets)
