@@ -339,16 +339,8 @@ class Server:
 
     def _drawing(self, rnd: int) -> bool:
         """Whether round ``rnd``'s noise (for the current C_t) is drawn or being drawn."""
-        held = self._noise
-        return (
-            held is not None
-            and self.mechanism is not None
-            and held[:2]
-            == (
-                rnd,
-                self.mechanism.clip_t,
-            )
-        )
+        held, mech = self._noise, self.mechanism
+        return held is not None and mech is not None and held[:2] == (rnd, mech.clip_t)
 
     def close(self) -> None:
         """Stop the noise thread (a draw in progress is finished and dropped)."""
