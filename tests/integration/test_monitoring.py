@@ -85,7 +85,7 @@ def _series(url: str, metric: str, **labels: str) -> dict[tuple[str, str], float
     reason="needs the prometheus binary (Debian package `prometheus`, or $PROMETHEUS)",
 )
 def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> None:
-    """A short ``dpfl run`` and a 4-trial ``dpfl tune``: Prometheus, pointed at the Ray
+    """A short ``dpfl run`` and a 2-trial ``dpfl tune``: Prometheus, pointed at the Ray
     session's service-discovery file, holds per (run, trial) the rounds written and the
     last ε and test accuracy of the Parquet rows, tagged with run, trial and algorithm;
     the Grafana dashboard's queries find those series."""
@@ -113,7 +113,7 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
                 "--epsilons",
                 "4",
                 "--num-samples",
-                "4",
+                "2",
                 "--smoke-test",
                 "--out",
                 str(tune_out),
@@ -159,7 +159,7 @@ def test_prometheus_sees_what_the_parquet_rows_hold(head, tmp_path: Path) -> Non
         assert algos[run_key] == "dp_fedavg"
         # The sweep: one series per trial, tagged by its trial id; run = Tune's trial name.
         trial_keys = {k[1]: k for k in rounds if k[1]}
-        assert set(trial_keys) == set(trial_rows["trial_id"]) and len(trial_keys) == 4
+        assert set(trial_keys) == set(trial_rows["trial_id"]) and len(trial_keys) == 2
         for tid, g in trial_rows.groupby("trial_id"):
             key = trial_keys[tid]
             assert tid in key[0]  # the run tag is the trial's name, which holds its id
