@@ -93,7 +93,14 @@ def test_server_placement_follows_ray_server(ray_session, small_overrides) -> No
         seen["server"] = executor.pool.server
 
     for placement in ("auto", "actor"):
-        cfg = _cfg(small_overrides, "ray.executor=ray", f"ray.server={placement}")
+        # one worker and one round: where the server lives is all this run shows
+        cfg = _cfg(
+            small_overrides,
+            "ray.executor=ray",
+            f"ray.server={placement}",
+            "ray.num_workers=1",
+            "rounds=1",
+        )
         simulate(cfg, write=False, on_round=grab)
         assert isinstance(seen["server"], DriverServer) == (placement == "auto")
     with pytest.raises(ConfigError, match=r"ray\.server.*'elsewhere'.*auto, actor or driver"):
