@@ -68,22 +68,22 @@ def test_startup_eval_quick(tmp_path) -> None:
 
 
 def test_tune_overhead_quick(tmp_path) -> None:
-    r = run_quick("tune_overhead.py", tmp_path, "--trials", "2")
-    assert r["trials_requested"] == 2
-    assert r["tune_statuses"] == {"TERMINATED": 2}
+    r = run_quick("tune_overhead.py", tmp_path, "--trials", "3")
+    assert r["trials_requested"] == 3
+    assert r["tune_statuses"] == {"TERMINATED": 3}
     assert positive(r["ratio"]) and r["ratio"] == pytest.approx(r["tune_s"] / r["in_process_sum_s"])
     assert r["timeline"]["span_s"] <= r["tune_s"]
     # dpfl promises Ray == in process for the same seed and num_workers: each Tune trial
     # (its own trial seed and sampled hyperparameters) equals its in-process rerun
     idn = r["identity"]
-    assert idn["tune_trials"] == 2 and idn["compared"] == 2 and not idn["missing"]
-    assert idn["weights_identical"] == 2 and idn["max_weights_rel_diff"] == 0.0
-    assert idn["epsilon_equal"] == 2 and idn["accuracy_equal"] == 2
+    assert idn["tune_trials"] == 3 and idn["compared"] == 3 and not idn["missing"]
+    assert idn["weights_identical"] == 3 and idn["max_weights_rel_diff"] == 0.0
+    assert idn["epsilon_equal"] == 3 and idn["accuracy_equal"] == 3
     # the same sweep with --runner driver: the same trials, the verdict the better one's
-    assert r["driver_statuses"] == {"TERMINATED": 2}
+    assert r["driver_statuses"] == {"TERMINATED": 3}
     assert r["driver_ratio"] == pytest.approx(r["driver_s"] / r["in_process_sum_s"])
     d = r["driver_identity"]
-    assert d["compared"] == 2 and d["weights_identical"] == 2 and d["epsilon_equal"] == 2
+    assert d["compared"] == 3 and d["weights_identical"] == 3 and d["epsilon_equal"] == 3
     assert r["winner"] == ("driver" if r["driver_s"] < r["tune_s"] else "tune")
     best = min(r["ratio"], r["driver_ratio"])
     assert r["status"] == ("PASS" if best <= 1.2 else "MISS")
