@@ -117,8 +117,7 @@ def _mean_std(values: pd.Series) -> str:
 
 
 def run_preset(preset: Preset, scale: str, seeds: list[int], out: Path) -> pd.DataFrame:
-    tree = preset.tree(scale)
-    config = load_config(None, [], base=tree)
+    config = load_config(None, [], base=preset.tree(scale))
     runs = cmp.plan(
         config,
         list(preset.algorithms),
@@ -127,20 +126,6 @@ def run_preset(preset: Preset, scale: str, seeds: list[int], out: Path) -> pd.Da
         list(preset.scale_epsilons(scale)),
         preset.variants,
     )
-    if (tree.get("dataset") or {}).get("client_test_fraction") is None:
-        # load_config resolves a null client_test_fraction for the config's own
-        # algorithm (0 for a global one) and plan carries that value to every row, so a
-        # personalised row (dp2_fedsam) would hold nothing out and its personal metric
-        # would be NaN: resolve it again for each row's own recipe.
-        runs = [
-            r._replace(
-                config=replace(
-                    r.config,
-                    **{"dataset.client_test_fraction": r.config.default_client_test_fraction()},
-                )
-            )
-            for r in runs
-        ]
     cmp.validate(runs)
     out.mkdir(parents=True, exist_ok=True)
     return cmp.run(runs, out, progress=False)

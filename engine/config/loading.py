@@ -210,9 +210,21 @@ def merge_trees(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def with_algorithm(config: RunConfig, algorithm: str, **changes: Any) -> RunConfig:
     """``config`` run by ``algorithm`` (plus dotted ``changes``). A built-in recipe gets
     the default ``recipe:`` section: a config's composed recipe belongs to its
-    ``custom`` row only, so ``dpfl compare``/``tune`` can set it beside built-in ones."""
+    ``custom`` row only, so ``dpfl compare``/``tune`` can set it beside built-in ones.
+
+    ``dataset.client_test_fraction`` is resolved again for ``algorithm`` when it holds
+    the default of the config's own recipe (a null fraction resolved when the config
+    was loaded): a personalised row of a comparison from a global recipe's config keeps
+    its held-out split (0.2), and a global row trains on all its data (0). A fraction
+    that differs from that default was chosen and is kept; one chosen equal to it is
+    read as unset, the one case this cannot tell apart."""
     if algorithm != CUSTOM:
         changes = {"recipe": dataclasses.asdict(RecipeConfig()), **changes}
+    fraction = "dataset.client_test_fraction"
+    if fraction not in changes and (
+        config.dataset.client_test_fraction == config.default_client_test_fraction()
+    ):
+        changes[fraction] = None  # resolved for the new recipe by RunConfig
     return replace(config, algorithm=algorithm, **changes)
 
 

@@ -162,3 +162,23 @@ def test_null_normalize_is_resolved_to_what_the_loader_applies(name, expected) -
         if name != "femnist":  # femnist's LEAF pixels allow unit_interval only
             explicit = load_config(overrides=[f"dataset.name={name}", f"dataset.normalize={other}"])
             assert explicit.dataset.normalize == other
+
+
+def test_with_algorithm_resolves_the_held_out_split_for_each_recipe() -> None:
+    """A comparison or sweep from a global recipe's config (fraction resolved to 0)
+    gives a personalised row its held-out split and back; a chosen fraction is kept."""
+    from engine.config import with_algorithm
+
+    base = load_config(overrides=["algorithm=dp_fedavg"])
+    assert base.dataset.client_test_fraction == 0.0
+    personal = with_algorithm(base, "dp2_fedsam")
+    assert personal.dataset.client_test_fraction == 0.2
+    assert with_algorithm(personal, "dp_fedavg").dataset.client_test_fraction == 0.0
+    chosen = load_config(overrides=["algorithm=dp_fedavg", "dataset.client_test_fraction=0.1"])
+    assert with_algorithm(chosen, "dp2_fedsam").dataset.client_test_fraction == 0.1
+    assert (
+        with_algorithm(
+            base, "dp2_fedsam", **{"dataset.client_test_fraction": 0.3}
+        ).dataset.client_test_fraction
+        == 0.3
+    )
