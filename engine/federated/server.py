@@ -49,7 +49,6 @@ from engine.federated.worker_model import (
 from engine.privacy import banded_mf, tree_aggregation
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import EpsilonTracker, SamplingSpec
-from engine.privacy.kernels import noisy_mean_step
 from engine.privacy.mechanism import GaussianMechanism
 from engine.telemetry.phases import OFF
 
@@ -365,9 +364,9 @@ class Server:
         if self.audit is not None:  # canary clients' clipped updates join the sum
             summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
         t_update = time.perf_counter()
-        # DP-FedAvg's step (no transform, no correlated noise, no PGN update) is fused:
-        # w + η_s·(Σ + noise)/m in one chunked pass, equal bit for bit to privatize()
-        # followed by the plain update below (kernels.noisy_mean_step)
+        # DP-FedAvg's step (no transform, no correlated noise, no PGN update) is the
+        # mechanism's fused one: w + η_s·(Σ + noise)/m in one chunked pass, equal bit
+        # for bit to privatize() followed by the plain update below
         fused = (
             mech is not None
             and self.correlated is None
@@ -394,7 +393,8 @@ class Server:
         for transform in pipe.server_transforms:
             avg = transform.apply(avg, ctx)
         if fused:
-            self.weights = noisy_mean_step(
+            assert mech is not None  # fused implies a private recipe
+            self.weights = mech.privatized_step(
                 self.weights, summed, noise, spec.sampling.denominator, spec.server_lr
             )
         elif self.correlated is not None:  # DP-FTRL: this round's noise is its tree node

@@ -44,7 +44,7 @@ from engine.privacy.adaptive_clip import (
     next_clip_norm,
     release_count,
 )
-from engine.privacy.kernels import ClipResult, clip_update, gaussian_noise
+from engine.privacy.kernels import ClipResult, clip_update, gaussian_noise, noisy_mean_step
 
 if TYPE_CHECKING:  # dp-accounting loads only where an event is built (dp_event)
     import dp_accounting
@@ -159,6 +159,20 @@ class GaussianMechanism:
         total = clipped_sum.double()
         total = total + noise
         return total / denominator
+
+    @staticmethod
+    def privatized_step(
+        weights: torch.Tensor,
+        clipped_sum: torch.Tensor,
+        noise: torch.Tensor,
+        denominator: float,
+        server_lr: float,
+    ) -> torch.Tensor:
+        """DP-FedAvg's server step on :meth:`privatize`'s release:
+        ``weights + (server_lr * privatize(clipped_sum, noise, denominator)).to(float32)``,
+        the same values bit for bit, in one chunked pass without the model-sized float64
+        temporaries (:func:`engine.privacy.kernels.noisy_mean_step`)."""
+        return noisy_mean_step(weights, clipped_sum, noise, denominator, server_lr)
 
     def release_count(self, rnd: int, num_clients: int, num_clipped: int) -> dict[str, float]:
         """Adaptive clipping after round ``rnd``: release the centred count of clients

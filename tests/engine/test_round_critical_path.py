@@ -179,11 +179,11 @@ def test_noisy_mean_step_equals_privatize_then_update(n: int) -> None:
     for denominator, lr in ((11.0, 1.0), (2.5, 0.37), (1e4, 3.0), (1.0 / 3.0, 1e-3)):
         avg = GaussianMechanism.privatize(s, noise, denominator)
         want = w + (lr * avg).to(torch.float32)
-        got = kernels.noisy_mean_step(w, s, noise, denominator, lr)
+        got = GaussianMechanism.privatized_step(w, s, noise, denominator, lr)
         assert got.dtype == torch.float32 and got.shape == w.shape
         assert np.array_equal(bits(got), bits(want))
     with pytest.raises(ValueError, match="denominator=0"):
-        kernels.noisy_mean_step(w, s, noise, 0, 1.0)
+        GaussianMechanism.privatized_step(w, s, noise, 0, 1.0)
 
 
 def test_phase_timer_records_and_changes_nothing(small_overrides) -> None:
