@@ -30,12 +30,15 @@ import hashlib
 import math
 import os
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
 
 from engine.base.atomic import atomic_write
 from engine.privacy import calibration_store
+
+if TYPE_CHECKING:  # the accountant's event only: a client worker never imports dp_accounting
+    import dp_accounting
 
 #: bump when the optimisation changes (cached strategies are keyed by it)
 STRATEGY_VERSION = 1
@@ -181,6 +184,8 @@ def max_participations(rounds: int, bands: int) -> int:
 def gaussian_event(noise_multiplier: float, sens: float) -> dp_accounting.DpEvent:
     """C·X + Z with Z ~ N(0, z²C_clip²) and ℓ₂ sensitivity sens·C_clip: one Gaussian
     mechanism with noise multiplier z / sens."""
+    import dp_accounting
+
     if sens <= 0:
         return dp_accounting.NoOpDpEvent()
     return dp_accounting.GaussianDpEvent(float(noise_multiplier) / float(sens))

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
 
 if TYPE_CHECKING:  # torch is imported by the methods that use it (the accountant does not)
+    import dp_accounting  # the accountant's events only (a client worker never imports it)
     import torch
 
 #: ``SamplingSpec.name`` of epoch participation (the ``sampling`` column).
@@ -52,6 +52,8 @@ def rounds_per_epoch(num_clients: int, cohort_size: int) -> int:
 
 def epoch_event(noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
     """One tree of ``steps`` rounds in which each client appears at most once."""
+    import dp_accounting
+
     return dp_accounting.SingleEpochTreeAggregationDpEvent(float(noise_multiplier), int(steps))
 
 
@@ -61,6 +63,8 @@ def rounds_event(
     """The event of ``rounds`` rounds: ``rounds // per_epoch`` full trees of ``epoch``
     (a ``SingleEpochTreeAggregationDpEvent`` of ``per_epoch`` steps) composed, then the
     partial last tree, the same event with the rounds it ran."""
+    import dp_accounting
+
     if not isinstance(epoch, dp_accounting.SingleEpochTreeAggregationDpEvent):
         raise TypeError(f"an epoch of tree aggregation is accounted, not {epoch!r}")
     full, rest = divmod(int(rounds), int(per_epoch))

@@ -46,3 +46,24 @@ def test_an_in_process_run_does_not_import_ray(tmp_path: Path) -> None:
         [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300
     )
     assert "RC 0 RAY False" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_a_client_worker_imports_no_accountant_and_no_tables() -> None:
+    """A client worker (``engine.federated.client``, what every Ray worker actor loads)
+    trains and clips; it imports neither the accountant (dp-accounting pulls in SciPy,
+    ~1.3 s per process) nor pandas/pyarrow/Ray's Tune: each would be paid again by every
+    worker process a run or trial starts."""
+    import subprocess
+    import sys
+
+    heavy = ("dp_accounting", "scipy", "pandas", "pyarrow", "ray")
+    code = (
+        "import sys\n"
+        "import engine.federated.client\n"
+        f"print('LOADED', sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300
+    )
+    assert "LOADED []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
