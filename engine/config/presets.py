@@ -39,7 +39,7 @@ from engine.base.errors import ConfigError
 from engine.config.loading import merge_trees, read_yaml_mapping
 
 PRESET_KEY = "preset"
-SCALES = ("paper", "cpu")
+SCALES = ("paper", "cpu", "real")
 
 
 @dataclass(frozen=True)
