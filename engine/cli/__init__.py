@@ -17,12 +17,14 @@ Contract with users:
 
 One module per command: :mod:`.run`, :mod:`.privacy`, :mod:`.compare`, :mod:`.tune`
 (``tune`` and ``report``), :mod:`.info` (``algorithms`` and ``config``), :mod:`.submit`;
-:mod:`.dispatch` holds :func:`main` and the one-line errors, :mod:`.parser` the flags,
-:mod:`.common` what the commands share (results folders, ``ray.log``).
+:mod:`.dispatch` holds :func:`main`, the one-line errors and :func:`console_main`
+(the executable's entry, which skips the interpreter's teardown once the command is
+done), :mod:`.parser` the flags, :mod:`.common` what the commands share (results
+folders, ``ray.log``).
 """
 
 from __future__ import annotations
 
-from engine.cli.dispatch import main
+from engine.cli.dispatch import console_main, main
 
-__all__ = ["main"]
+__all__ = ["console_main", "main"]

@@ -3,9 +3,7 @@ cluster, and how tests run dpfl in a fresh process)."""
 
 from __future__ import annotations
 
-import sys
-
-from engine.cli.dispatch import main
+from engine.cli.dispatch import console_main
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console_main()

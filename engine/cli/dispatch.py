@@ -158,6 +158,30 @@ def main(argv: list[str] | None = None) -> int:
         _no_colour_reset_at_exit()
 
 
+def console_main() -> None:
+    """The ``dpfl`` executable (and ``python -m engine.cli``): :func:`main`, then a quick
+    exit. Once the command has returned, its results are on disk and its Ray is shut
+    down; the exit handlers run (``atexit``: Ray's, temporary files', logging's) and
+    the streams are flushed, then the process ends without the interpreter's module
+    teardown (about 1 s with torch loaded, on 2 cores). The teardown is kept where
+    something may still be running: Ray still up, or a non-daemon thread alive."""
+    import threading
+
+    rc = main()
+    alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    ray = sys.modules.get("ray")
+    if any(not t.daemon for t in alive) or (ray is not None and ray.is_initialized()):
+        sys.exit(rc)
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 def _no_colour_reset_at_exit() -> None:
     """Ray's CLI logger calls ``colorama.init(strip=False)`` when imported, which
     registers an exit hook that writes ``ESC[0m`` to a terminal after dpfl's last line;

@@ -4,7 +4,9 @@ per seed, or continue (``--resume``) a run from its folder."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,12 +45,15 @@ class RunPlan:
     released: Any = None
 
 
-def plan_run(args: argparse.Namespace) -> RunPlan:
+def plan_run(
+    args: argparse.Namespace, before_prepare: Callable[[RunConfig, Path], None] | None = None
+) -> RunPlan:
     """Check every input of ``dpfl run`` (flags, config, privacy keys, folder, and
     everything ``simulate.prepare`` checks without training) and say what will run.
-    Creates no folder and starts nothing."""
+    Creates no folder and starts nothing itself; ``before_prepare(config, out)`` is
+    called once the cheap checks have passed and before the engine is imported and the
+    data built (:func:`run_command` begins Ray's start there)."""
     from engine.config import replace
-    from engine.simulation import prepare
 
     if args.resume:
         from engine.results.run_folder import check_run_folder
@@ -71,6 +76,8 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
             config = replace(config, **{"ray.executor": args.executor})
         if folder.status != "complete" and config.ray.executor == "ray":
             check_resources(config)
+        if folder.status != "complete" and before_prepare is not None:
+            before_prepare(config, Path(args.resume))
         return RunPlan(
             config,
             Path(args.resume),
@@ -92,6 +99,10 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     first = replace(config, seed=seeds[0]) if seeds else config
     if config.ray.executor == "ray":
         check_resources(config)  # before the data is built or Ray started
+    if before_prepare is not None:
+        before_prepare(config, out)
+    from engine.simulation import prepare  # torch, dp-accounting, pandas: after Ray's start began
+
     prep = prepare(first)  # every check that needs no training, before any folder exists
     return RunPlan(
         config,
@@ -103,24 +114,26 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     )
 
 
-def execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
-    """Run a checked plan: claim the folder, then one simulation per seed."""
+def execute_run(plan: RunPlan, args: argparse.Namespace, quiet_ray_entered: bool = False) -> int:
+    """Run a checked plan: claim the folder, then one simulation per seed.
+    ``quiet_ray_entered``: the caller already sends Ray's console output to the log."""
     from engine.config import replace
     from engine.simulation import simulate
 
     config = plan.config
     uses_ray = config.ray.executor == "ray"
+    redirect = uses_ray and not quiet_ray_entered  # Ray's console output to ray.log here
     if plan.resume_status == "complete":  # nothing to do, nothing rewritten
         _print_complete(plan)
         return 0
     if plan.resume_status is not None:  # "continue" from the checkpoint, or "start"
-        with quiet_ray(plan.out, args.verbose, uses_ray):
+        with quiet_ray(plan.out, args.verbose, redirect):
             result = simulate(config, progress=not args.quiet, resume=plan.resume)
         _print_run(config, result)
         return 0
     out = claim_out(plan.out, plan.overwrite, default=plan.default_out)
     seeds = plan.seeds
-    with quiet_ray(out, args.verbose, uses_ray):
+    with quiet_ray(out, args.verbose, redirect):
         if not seeds:
             result = simulate(
                 replace(config, out=str(out)), progress=not args.quiet, dataset=plan.dataset
@@ -150,8 +163,30 @@ def execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """``dpfl run``: plan, then execute."""
-    return execute_run(plan_run(args), args)
+    """``dpfl run``: plan, then execute.
+
+    With the Ray executor, Ray's start begins in a background thread as soon as the
+    cheap checks pass (:func:`engine.runtime.ray_start.start_ray_early`), so that it
+    overlaps importing the engine, calibrating σ and building the data; the run's
+    first :func:`~engine.runtime.ray_start.ensure_ray` then waits for it. Ray's console
+    output goes to the run's ``ray.log`` from that moment on (as :func:`quiet_ray`
+    does for the run), and a plan refused after the start shuts that Ray down."""
+    with contextlib.ExitStack() as stack:
+        entered = False
+
+        def begin_ray(config: RunConfig, out: Path) -> None:
+            nonlocal entered
+            if config.ray.executor != "ray":
+                return
+            from engine.runtime.ray_start import abandon_early_ray, start_ray_early
+
+            stack.enter_context(quiet_ray(out, args.verbose, True, defer=True))
+            entered = True
+            stack.callback(abandon_early_ray)  # runs first: before the log is closed
+            start_ray_early(config.ray)
+
+        plan = plan_run(args, before_prepare=begin_ray)
+        return execute_run(plan, args, quiet_ray_entered=entered)
 
 
 def _print_complete(plan: RunPlan) -> None:

@@ -1,8 +1,10 @@
 """The runtime: where clients run and with what resources.
 
 :mod:`.executors` holds the round (:func:`.executors.play_round`), the worker-pool
-interface and the :class:`.executors.Executor` that runs rounds on a pool, and starts
-or attaches to Ray (:func:`.executors.ensure_ray`); the pools that dispatch a round's
+interface and the :class:`.executors.Executor` that runs rounds on a pool;
+:mod:`.ray_start` starts or attaches to Ray (:func:`.ray_start.ensure_ray`), or begins
+that start in a background thread while the driver imports and builds its data
+(:func:`.ray_start.start_ray_early`); the pools that dispatch a round's
 cohort to the federated roles and return the partial sums are :mod:`.local_pool`
 (in process) and :mod:`.ray_pool` (Ray actors pinned to CPUs or fractional GPUs, with
 fault tolerance), whose server may live in the driver (:mod:`.driver_server`);

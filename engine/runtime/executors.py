@@ -27,90 +27,27 @@ references: the global weights go from the server to the workers and the partial
 sums from the workers to the server, through the driver only where the server lives.
 
 This module holds what both pools share: :class:`RoundPlan`, the :class:`WorkerPool`
-interface, :func:`play_round`, :class:`Executor`, and :func:`ensure_ray`, the one
-place dpfl starts or attaches to Ray (also for ``dpfl compare`` and ``dpfl tune``).
+interface, :func:`play_round` and :class:`Executor`; :func:`ensure_ray`, the one
+place dpfl starts or attaches to Ray (also for ``dpfl compare`` and ``dpfl tune``), lives
+in :mod:`engine.runtime.ray_start` (no torch import, so ``dpfl run`` can begin it
+before importing the engine) and is re-exported here.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from engine.config import ConfigError
 from engine.data.federated import FederatedDataset
 from engine.federated.client import LocalSpec, client_costs, shard_cohort
 from engine.federated.evaluation import combine_sums, eval_slices
 from engine.federated.server import ServerSpec, is_eval_round
-from engine.runtime.switches import LOG_TO_DRIVER_ENV, QUIET_ENV
+from engine.runtime.ray_start import ensure_ray  # noqa: F401 - the callers import it from here
+from engine.runtime.switches import QUIET_ENV  # noqa: F401 - tests read it from here
 from engine.telemetry import timeline
-
-
-def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float = 0.0) -> bool:
-    """Start Ray (or attach to ``ray.address``) unless it is running; True if started.
-
-    The one place dpfl initialises Ray (``dpfl run``, ``compare`` and ``tune``). It
-    attaches to ``ray.address``, else to ``$RAY_ADDRESS`` (set by Ray inside a job),
-    else starts a local instance with at least the CPUs the workers declare plus
-    ``extra_cpus`` (a Tune trial's own CPU), so one run or trial always fits (Ray's CPU
-    counts are scheduling labels; on a 2-core machine a trial of 2 one-CPU workers and
-    its 0.5-CPU head would otherwise wait for resources forever); attaching to an
-    unreachable cluster is a ConfigError naming the address.
-    """
-    import ray
-
-    if ray.is_initialized():
-        if not (ray_cfg.address or os.environ.get("RAY_ADDRESS")):  # a Ray of this machine
-            from engine.runtime.resources import check_processes
-
-            check_processes(ray_cfg, float(ray.cluster_resources().get("CPU", 0.0)))
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # The CLI sets DPFL_RAY_LOG_TO_DRIVER=0 unless --verbose: workers' output then stays
-    # in Ray's session logs instead of the console.
-    log_to_driver = os.environ.get(LOG_TO_DRIVER_ENV, "1") != "0"
-    kwargs: dict = {"log_to_driver": log_to_driver, "configure_logging": False}
-    # Inside a Ray job (dpfl submit) Ray sets RAY_ADDRESS: attach, never start a new one.
-    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        kwargs["address"] = address
-    else:
-        from engine.runtime.resources import check_local_fit
-
-        check_local_fit(ray_cfg, extra_cpus)  # no unbounded worker processes
-        need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker + extra_cpus
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(np.ceil(need)))
-        if include_dashboard is not None:
-            kwargs["include_dashboard"] = include_dashboard
-        if ray_cfg.object_store_memory_mb:
-            kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
-    try:
-        timeline.mark("ray.init start")
-        context = ray.init(**kwargs)
-        timeline.mark("ray.init done")
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        if address:
-            key = "ray.address" if ray_cfg.address else "$RAY_ADDRESS"
-            # Ray >= 2.5x turns token authentication on for a new cluster; a driver
-            # attaching without RAY_AUTH_MODE=token is refused with a bare ConnectionError.
-            auth = not os.environ.get("RAY_AUTH_MODE") and os.path.isfile(
-                os.path.expanduser("~/.ray/auth_token")
-            )
-            raise ConfigError(
-                f"{key}={address!r}: cannot attach to a Ray cluster "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                + ("; if it uses token authentication, set RAY_AUTH_MODE=token" if auth else "")
-            ) from None
-        raise
-    url = getattr(context, "dashboard_url", None)
-    if url and os.environ.get(QUIET_ENV) != "1":  # dpfl -q: no console line
-        print(f"Ray dashboard: http://{url}", file=sys.stderr, flush=True)
-    return True
 
 
 @dataclass(frozen=True)

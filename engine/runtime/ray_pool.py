@@ -17,7 +17,8 @@ from engine.data.shared import by_reference
 from engine.federated.client import ClientWorker, LocalSpec, owner_shard
 from engine.federated.server import Server, ServerSpec
 from engine.runtime.driver_server import DriverServer, server_in_driver, single_machine
-from engine.runtime.executors import Executor, ensure_ray, round_plan
+from engine.runtime.executors import Executor, round_plan
+from engine.runtime.ray_start import ensure_ray
 from engine.telemetry import timeline
 from engine.telemetry.phases import OFF
 

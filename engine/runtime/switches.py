@@ -1,4 +1,4 @@
-"""The environment switches the command line sets and :func:`.executors.ensure_ray`
+"""The environment switches the command line sets and :func:`.ray_start.ensure_ray`
 reads: plain strings, so that commands that start no Ray (``dpfl algorithms``,
 ``dpfl privacy``) can name them without importing the executors and torch."""
 

@@ -67,3 +67,84 @@ def test_a_client_worker_imports_no_accountant_and_no_tables() -> None:
         [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300
     )
     assert "LOADED []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def _run_in_fresh_process(code: str, env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+    )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_starts_while_the_engine_is_imported(small_overrides, tmp_path: Path) -> None:
+    """``dpfl run`` on Ray begins Ray's start before it imports the engine (torch,
+    dp-accounting, pandas), in a thread that outlives ``ray.init`` (Ray's GCS and raylet
+    die with the thread that started them): the workers still train, the run ends with
+    Ray shut down, and the results equal an in-process run's."""
+    sets = [o for o in small_overrides if not o.startswith("ray.executor")]
+    sets += ["rounds=2", "ray.num_workers=1", "ray.num_cpus_per_worker=0.5"]
+    argv = [a for o in sets for a in ("--set", o)]
+    timeline_file = tmp_path / "timeline.jsonl"
+    code = (
+        "import sys\n"
+        "from engine.cli import main\n"
+        f"rc = main(['run', '-q', '--out', {str(tmp_path / 'ray')!r}, *{argv!r}])\n"
+        "import ray\n"
+        "print('RC', rc, 'UP', ray.is_initialized())\n"
+    )
+    done = _run_in_fresh_process(code, {timeline.ENV: str(timeline_file)})
+    assert "RC 0 UP False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    marks: dict[str, float] = {}
+    for line in timeline_file.read_text().splitlines():
+        label, t = json.loads(line)
+        marks.setdefault(label, float(t))
+    assert marks["ray.init start"] < marks["imports done"] < marks["ray.init done"] + 60
+    assert marks["workers ready"] < marks["round 1"] < marks["round 2"]
+    from engine.cli import main
+
+    local = tmp_path / "local"
+    assert main(["run", "-q", "--executor", "local", "--out", str(local), *argv]) == 0
+    import pandas as pd
+
+    cols = ["round", "epsilon", "test_accuracy"]
+    on_ray = pd.read_parquet(tmp_path / "ray" / "rounds.parquet")[cols]
+    in_process = pd.read_parquet(local / "rounds.parquet")[cols]
+    pd.testing.assert_frame_equal(on_ray, in_process)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_plan_refused_after_rays_start_leaves_no_ray(small_overrides, tmp_path: Path) -> None:
+    """A check that fails once Ray's start has begun (here: the data files are missing,
+    found when the data is built) exits with status 2 and the one-line error, creates
+    no results folder and leaves Ray shut down."""
+    sets = [o for o in small_overrides if not o.startswith("ray.executor")]
+    sets += ["ray.num_workers=1", "dataset.name=fashion_mnist"]
+    sets += [f"dataset.root={tmp_path / 'no-such-root'}"]
+    argv = [a for o in sets for a in ("--set", o)]
+    out = tmp_path / "r"
+    code = (
+        "from engine.cli import main\n"
+        f"rc = main(['run', '-q', '--out', {str(out)!r}, *{argv!r}])\n"
+        "import ray\n"
+        "from engine.runtime import ray_start\n"
+        "print('RC', rc, 'UP', ray.is_initialized(), 'PENDING', ray_start._early is not None)\n"
+    )
+    timeline_file = tmp_path / "timeline.jsonl"
+    done = _run_in_fresh_process(code, {timeline.ENV: str(timeline_file)})
+    labels = [json.loads(line)[0] for line in timeline_file.read_text().splitlines()]
+    assert "ray.init start" in labels  # the start had begun when the check failed
+    assert "RC 2 UP False PENDING False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "dpfl: error:" in done.stderr and "no-such-root" in done.stderr
+    assert not out.exists()

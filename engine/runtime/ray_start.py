@@ -1,0 +1,209 @@
+"""Starting Ray: :func:`ensure_ray`, the one place dpfl starts or attaches to Ray, and
+:func:`start_ray_early`, which begins that start in a background thread so that it
+overlaps the driver's own start (importing torch, calibrating σ, building the data
+and the model) instead of following it.
+
+This module imports neither torch nor Ray at import time: ``dpfl run`` calls
+:func:`start_ray_early` before it imports the engine's heavy modules.
+
+Why the starting thread never ends. A local ``ray.init`` starts Ray's GCS and raylet
+as child processes that share the starter's fate: Linux delivers their "parent died"
+signal when the *thread* that forked them exits, not the process. A thread that ran
+``ray.init`` and returned would take the cluster down with it (measured: actors then
+fail with "Failed to connect to GCS"). The starter therefore waits, as a daemon thread,
+until the process exits; Ray's processes are stopped by ``ray.shutdown()`` as before.
+
+What changes with an early start: nothing in the run. Ray is started with the same
+arguments; the driver's SIGTERM handler that Ray sets only from the main thread
+(``sys.exit``, so that ``atexit`` shuts Ray down) is set here from the main thread
+instead; a run that fails its checks after the early start shuts that Ray down
+(:func:`abandon_early_ray`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from engine.base.errors import ConfigError
+from engine.runtime.switches import LOG_TO_DRIVER_ENV, QUIET_ENV
+from engine.telemetry import timeline
+
+
+def _init_kwargs(ray_cfg, include_dashboard: bool | None, extra_cpus: float) -> dict:
+    """``ray.init``'s arguments for this config (checks a local fit first)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # The CLI sets DPFL_RAY_LOG_TO_DRIVER=0 unless --verbose: workers' output then stays
+    # in Ray's session logs instead of the console.
+    log_to_driver = os.environ.get(LOG_TO_DRIVER_ENV, "1") != "0"
+    kwargs: dict = {"log_to_driver": log_to_driver, "configure_logging": False}
+    # Inside a Ray job (dpfl submit) Ray sets RAY_ADDRESS: attach, never start a new one.
+    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        kwargs["address"] = address
+    else:
+        from engine.runtime.resources import check_local_fit
+
+        check_local_fit(ray_cfg, extra_cpus)  # no unbounded worker processes
+        need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker + extra_cpus
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need))
+        if include_dashboard is not None:
+            kwargs["include_dashboard"] = include_dashboard
+        if ray_cfg.object_store_memory_mb:
+            kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
+    return kwargs
+
+
+def _attach_error(ray_cfg, address: str, e: BaseException) -> ConfigError:
+    key = "ray.address" if ray_cfg.address else "$RAY_ADDRESS"
+    # Ray >= 2.5x turns token authentication on for a new cluster; a driver
+    # attaching without RAY_AUTH_MODE=token is refused with a bare ConnectionError.
+    auth = not os.environ.get("RAY_AUTH_MODE") and os.path.isfile(
+        os.path.expanduser("~/.ray/auth_token")
+    )
+    return ConfigError(
+        f"{key}={address!r}: cannot attach to a Ray cluster "
+        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        + ("; if it uses token authentication, set RAY_AUTH_MODE=token" if auth else "")
+    )
+
+
+def _announce(context: Any) -> None:
+    url = getattr(context, "dashboard_url", None)
+    if url and os.environ.get(QUIET_ENV) != "1":  # dpfl -q: no console line
+        print(f"Ray dashboard: http://{url}", file=sys.stderr, flush=True)
+
+
+class _NotMainThreadNote(logging.Filter):
+    """Drops Ray's warning that a non-main thread cannot set the SIGTERM handler (this
+    module sets the same handler from the main thread)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in str(record.msg)
+
+
+class _EarlyStart:
+    """One ``ray.init`` running in a daemon thread that then waits for the process's end."""
+
+    def __init__(self, ray_cfg, kwargs: dict) -> None:
+        self.ray_cfg = ray_cfg
+        self.kwargs = kwargs
+        self.done = threading.Event()
+        self.context: Any = None
+        self.error: BaseException | None = None
+        self._forever = threading.Event()  # never set: see the module docstring
+        self.thread = threading.Thread(target=self._start, name="dpfl-ray-start", daemon=True)
+
+    def _start(self) -> None:
+        import ray
+
+        worker_log = logging.getLogger("ray._private.worker")
+        note = _NotMainThreadNote()
+        worker_log.addFilter(note)
+        try:
+            timeline.mark("ray.init start")
+            self.context = ray.init(**self.kwargs)
+            timeline.mark("ray.init done")
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            self.error = e
+        finally:
+            worker_log.removeFilter(note)
+            self.done.set()
+        if self.error is None:
+            self._forever.wait()
+
+    def result(self) -> Any:
+        """Wait for the start; its context, or the start's error raised here."""
+        self.done.wait()
+        if self.error is not None:
+            address = self.kwargs.get("address")
+            if address and isinstance(self.error, ConnectionError | RuntimeError | ValueError):
+                raise _attach_error(self.ray_cfg, address, self.error) from None
+            raise self.error
+        return self.context
+
+
+_early: _EarlyStart | None = None
+
+
+def start_ray_early(ray_cfg, include_dashboard: bool | None = None) -> bool:
+    """Begin :func:`ensure_ray`'s start of Ray in a background thread; True if begun.
+
+    The next :func:`ensure_ray` waits for it and owns the Ray it started (returns True,
+    as if it had started Ray itself). Nothing is begun when Ray is already up or an
+    early start is pending. The fit checks run here, in the caller's thread, so a
+    configuration that cannot fit is refused before anything starts. Must be called
+    from the main thread (it sets the driver's SIGTERM handler as Ray would)."""
+    global _early
+    import ray
+
+    if _early is not None or ray.is_initialized():
+        return False
+    kwargs = _init_kwargs(ray_cfg, include_dashboard, 0.0)
+    if threading.current_thread() is threading.main_thread():
+        # Ray sets this handler only when ray.init runs in the main thread: SIGTERM
+        # exits through sys.exit, so atexit's ray.shutdown stops Ray's processes.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+    _early = _EarlyStart(ray_cfg, kwargs)
+    _early.thread.start()
+    return True
+
+
+def abandon_early_ray() -> None:
+    """Shut down a Ray that :func:`start_ray_early` began and no :func:`ensure_ray`
+    took (a run that failed its checks after the start); no-op otherwise."""
+    global _early
+    early, _early = _early, None
+    if early is None:
+        return
+    import ray
+
+    early.done.wait()
+    if early.error is None and ray.is_initialized():
+        ray.shutdown()
+
+
+def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float = 0.0) -> bool:
+    """Start Ray (or attach to ``ray.address``) unless it is running; True if started.
+
+    The one place dpfl initialises Ray (``dpfl run``, ``compare`` and ``tune``). It
+    attaches to ``ray.address``, else to ``$RAY_ADDRESS`` (set by Ray inside a job),
+    else starts a local instance with at least the CPUs the workers declare plus
+    ``extra_cpus`` (a Tune trial's own CPU), so one run or trial always fits (Ray's CPU
+    counts are scheduling labels; on a 2-core machine a trial of 2 one-CPU workers and
+    its 0.5-CPU head would otherwise wait for resources forever); attaching to an
+    unreachable cluster is a ConfigError naming the address. A start begun by
+    :func:`start_ray_early` is waited for and counts as this call's.
+    """
+    global _early
+    import ray
+
+    if _early is not None:
+        early, _early = _early, None
+        _announce(early.result())
+        return True
+    if ray.is_initialized():
+        if not (ray_cfg.address or os.environ.get("RAY_ADDRESS")):  # a Ray of this machine
+            from engine.runtime.resources import check_processes
+
+            check_processes(ray_cfg, float(ray.cluster_resources().get("CPU", 0.0)))
+        return False
+    kwargs = _init_kwargs(ray_cfg, include_dashboard, extra_cpus)
+    address = kwargs.get("address")
+    try:
+        timeline.mark("ray.init start")
+        context = ray.init(**kwargs)
+        timeline.mark("ray.init done")
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        if address:
+            raise _attach_error(ray_cfg, address, e) from None
+        raise
+    _announce(context)
+    return True
