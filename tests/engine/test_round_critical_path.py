@@ -71,6 +71,44 @@ def test_clip_update_unchanged_on_large_updates() -> None:
                 assert res.update is u
 
 
+def _former_cast_within(scaled: torch.Tensor, dtype: torch.dtype, clip_norm: float):
+    """The retry loop as it was written before the chunked replay: full float64
+    temporaries, ``scaled * (C / after) * shrink`` per try (the oracle)."""
+    out = scaled.to(dtype)
+    after = float(torch.linalg.vector_norm(out, dtype=torch.float64))
+    for _ in range(8):
+        if after <= clip_norm:
+            break
+        scaled = scaled * (clip_norm / after) * kernels._shrink(dtype)
+        out = scaled.to(dtype)
+        after = float(torch.linalg.vector_norm(out, dtype=torch.float64))
+    return out, after
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_clip_retries_replayed_in_chunks_equal_the_former_loop(dtype: torch.dtype) -> None:
+    """A clipped update whose cast lands above C is shrunk and cast again: the chunked
+    replay (``_shrink_within``) gives the former loop's values bit for bit, retries do
+    occur in the sample, and every result is within C (also float16 and bfloat16,
+    whose rounding a 1e-6 shrink could not undo)."""
+    g = torch.Generator().manual_seed(3)
+    retried = 0
+    for i in range(24):
+        n = 3 * kernels._CHUNK + i
+        u = (torch.randn(n, generator=g) * 10.0 ** (i % 5 - 2)).to(dtype)
+        for c in (0.01, 0.5):
+            norm = float(torch.linalg.vector_norm(u, dtype=torch.float64))
+            if norm <= c:
+                continue
+            first = (u.double() * (c / norm)).to(dtype)
+            retried += float(torch.linalg.vector_norm(first, dtype=torch.float64)) > c
+            want, after = _former_cast_within(u.double() * (c / norm), dtype, c)
+            res = clip_update(u, c)
+            assert np.array_equal(bits(res.update), bits(want))
+            assert res.out_norm == after <= c
+    assert retried >= 5
+
+
 def test_noise_drawn_ahead_is_the_same_noise() -> None:
     d = 1000
     support = (torch.arange(d) % 3 == 0).double()
