@@ -32,18 +32,28 @@ def _device_of(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+#: Evaluation batch on the CPU: activations stay in cache (the FedAvg cnn on 10,000
+#: 28×28 images, one thread, channels_last: 2.96-4.06 s at 256 against 4.86-4.91 s at
+#: 1,000 and 5.2 s at 2,048); on an accelerator, large batches.
+CPU_EVAL_BATCH = 256
+DEVICE_EVAL_BATCH = 2048
+
+
 @torch.no_grad()
 def evaluate_sums(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2048
+    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int | None = None
 ) -> tuple[int, float, int]:
     """(number correct, summed cross-entropy, n) of ``model`` on (x, y).
 
     Sums, so that slices evaluated on different workers add up to the whole. Batches
-    go to the model's device.
+    go to the model's device; ``batch_size`` defaults to :data:`CPU_EVAL_BATCH` there
+    on the CPU, else :data:`DEVICE_EVAL_BATCH`.
     """
     was_training = model.training
     model.eval()
     device = _device_of(model)
+    if batch_size is None:
+        batch_size = CPU_EVAL_BATCH if device.type == "cpu" else DEVICE_EVAL_BATCH
     correct, loss, n = 0, 0.0, len(y)
     for s in range(0, n, batch_size):
         xb = torch.from_numpy(np.array(x[s : s + batch_size])).to(device)
@@ -56,7 +66,7 @@ def evaluate_sums(
 
 
 def evaluate(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2048
+    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int | None = None
 ) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of ``model`` on (x, y)."""
     correct, loss, n = evaluate_sums(model, x, y, batch_size)
