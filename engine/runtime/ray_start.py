@@ -51,6 +51,11 @@ def _init_kwargs(ray_cfg, include_dashboard: bool | None, extra_cpus: float) -> 
         from engine.runtime.resources import check_local_fit
 
         check_local_fit(ray_cfg, extra_cpus)  # no unbounded worker processes
+        # "local": always a new instance. Without an address Ray would attach to the
+        # cluster last started by `ray start` on this machine (its address is kept in
+        # /tmp/ray/ray_current_cluster, also after that cluster died) and refuse the
+        # CPU count with a ValueError; attaching is what ray.address is for.
+        kwargs["address"] = "local"
         need = ray_cfg.num_workers * ray_cfg.num_cpus_per_worker + extra_cpus
         kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(need))
         if include_dashboard is not None:
@@ -58,6 +63,12 @@ def _init_kwargs(ray_cfg, include_dashboard: bool | None, extra_cpus: float) -> 
         if ray_cfg.object_store_memory_mb:
             kwargs["object_store_memory"] = ray_cfg.object_store_memory_mb * 2**20
     return kwargs
+
+
+def _attached(kwargs: dict) -> str | None:
+    """The cluster address ``ray.init`` attaches to; None when it starts a local one."""
+    address = kwargs.get("address")
+    return None if address == "local" else address
 
 
 def _attach_error(ray_cfg, address: str, e: BaseException) -> ConfigError:
@@ -122,7 +133,7 @@ class _EarlyStart:
         """Wait for the start; its context, or the start's error raised here."""
         self.done.wait()
         if self.error is not None:
-            address = self.kwargs.get("address")
+            address = _attached(self.kwargs)
             if address and isinstance(self.error, ConnectionError | RuntimeError | ValueError):
                 raise _attach_error(self.ray_cfg, address, self.error) from None
             raise self.error
@@ -196,7 +207,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
             check_processes(ray_cfg, float(ray.cluster_resources().get("CPU", 0.0)))
         return False
     kwargs = _init_kwargs(ray_cfg, include_dashboard, extra_cpus)
-    address = kwargs.get("address")
+    address = _attached(kwargs)
     try:
         timeline.mark("ray.init start")
         context = ray.init(**kwargs)

@@ -321,3 +321,22 @@ def test_no_colour_reset_written_to_a_terminal_at_exit(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert b"dp_fedavg" in out  # the terminal did receive the command's output
     assert b"\x1b[0m" not in out
+
+
+def test_a_local_start_never_attaches_to_another_cluster(monkeypatch) -> None:
+    """Without ``ray.address`` and ``$RAY_ADDRESS`` dpfl starts its own Ray: ``ray.init``
+    gets ``address="local"``, so the cluster a ``ray start`` left recorded in
+    /tmp/ray/ray_current_cluster (alive or dead) is neither joined nor, with the CPU
+    count dpfl passes, a ValueError; with an address, that address is passed."""
+    import ray
+
+    from engine.runtime import executors
+
+    seen: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw) or SimpleNamespace())
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert executors.ensure_ray(_ray(num_workers=1))
+    assert seen[-1]["address"] == "local" and seen[-1]["num_cpus"] >= 1
+    assert executors.ensure_ray(_ray(num_workers=1, address="10.0.0.1:6379"))
+    assert seen[-1]["address"] == "10.0.0.1:6379" and "num_cpus" not in seen[-1]
