@@ -149,7 +149,7 @@ def test_real_is_a_preset_scale_and_some_presets_have_it() -> None:
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
 def test_every_real_tree_is_fashion_mnist_at_the_paper_client_count(path: Path) -> None:
     preset = read_preset(path)
-    real = load_config(None, [], base=preset.tree("real"))
+    real = load_config(None, [], base=fidelity.real_tree(preset))
     paper = load_config(None, [], base=preset.tree("paper"))
     assert real.dataset.name == "fashion_mnist"
     assert real.dataset.num_clients == paper.dataset.num_clients
@@ -169,5 +169,31 @@ def test_every_real_tree_is_fashion_mnist_at_the_paper_client_count(path: Path) 
     assert rows == [rule["than"], rule["better"]]
     from engine.simulation.compare import plan
 
-    runs = plan(real, rows, Path("unused"), [0], [], preset.variants)
+    runs = plan(real, rows, Path("unused"), [0], [], fidelity.real_variants(preset))
     assert [r.config.algorithm for r in runs] == [preset.recipe(a) for a in rows]
+    # a variant row keeps the paper's local work (epochs, batch size); only its learning
+    # rate may be the real tree's own
+    ref = plan(paper, rows, Path("unused"), [0], [], preset.variants)
+    for r, p in zip(runs, ref, strict=True):
+        assert (r.config.local.epochs, r.config.local.batch_size) == (
+            p.config.local.epochs,
+            p.config.local.batch_size,
+        ), r.label
+
+
+def test_real_variants_merge_the_real_trees_own_over_the_presets(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "preset: {paper: a, table: b, claim: c, algorithms: [one, two], epsilons: [],\n"
+        "  verdict: {better: two, than: one},\n"
+        "  variants: {one: {algorithm: fedavg, local: {epochs: 1, lr: 0.1}},\n"
+        "             two: {algorithm: fedavg, local: {epochs: 5, lr: 0.3}}},\n"
+        "  scales: {real: {rounds: 3, variants: {two: {local: {lr: 0.05}}}}}}\n"
+    )
+    preset = read_preset(path)
+    assert "variants" not in fidelity.real_tree(preset)
+    assert fidelity.real_variants(preset) == {
+        "one": {"algorithm": "fedavg", "local": {"epochs": 1, "lr": 0.1}},
+        "two": {"algorithm": "fedavg", "local": {"epochs": 5, "lr": 0.05}},
+    }
+    assert preset.variants["two"]["local"]["lr"] == 0.3  # the other scales keep theirs
