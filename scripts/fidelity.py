@@ -462,14 +462,15 @@ REAL_RULE: list[str] = [
 ]
 
 
-#: Why a preset has no ``real:`` tree yet (its paper's local work on 2 CPU cores).
+#: Why a preset has no ``real:`` tree: its paper's local work does not fit 5 seeds x 2
+#: rows in ~30 minutes on 2 CPU cores (a GPU's work).
 NO_REAL: dict[str, str] = {
-    "blur_lus_emnist": "no `real:` tree; 136 clients × 30 steps of B = 64 a round "
-    "(~260,000 CNN examples) leaves ~1 round a run in the budget",
-    "dp_fedsam_noniid": "no `real:` tree; 50 clients × 30 epochs of ~120 images, twice "
-    "for SAM (~360,000 CNN examples a round)",
-    "dp_fedsam_topk_noniid": "no `real:` tree; DP-FedSAM's local work (~360,000 CNN "
-    "examples a round)",
+    "blur_lus_emnist": "out of reach on 2 CPU cores (no `real:` tree): 136 clients × 30 "
+    "steps of B = 64 a round (~260,000 CNN examples) leaves ~1 round a run in ~30 minutes",
+    "dp_fedsam_noniid": "out of reach on 2 CPU cores (no `real:` tree): 50 clients × 30 "
+    "epochs of ~120 images, twice for SAM (~360,000 CNN examples a round: minutes a round)",
+    "dp_fedsam_topk_noniid": "out of reach on 2 CPU cores (no `real:` tree): DP-FedSAM's "
+    "local work (~360,000 CNN examples a round: minutes a round)",
 }
 
 
@@ -778,7 +779,7 @@ def main_real(args: argparse.Namespace) -> int:
             continue
         if "real" not in preset.scales:
             skipped.append(
-                (preset, f"not run this stop (time): {NO_REAL.get(path.stem, 'no real: tree')}")
+                (preset, f"not run: {NO_REAL.get(path.stem, 'no real: tree')}")
             )
             continue
         folder = out / path.stem
