@@ -778,9 +778,7 @@ def main_real(args: argparse.Namespace) -> int:
             skipped.append((preset, "no better/than claim to test (a reference number)"))
             continue
         if "real" not in preset.scales:
-            skipped.append(
-                (preset, f"not run: {NO_REAL.get(path.stem, 'no real: tree')}")
-            )
+            skipped.append((preset, f"not run: {NO_REAL.get(path.stem, 'no real: tree')}"))
             continue
         folder = out / path.stem
         saved = (folder / "claim.json").is_file()
