@@ -83,31 +83,42 @@ class Checkpoint:
         self.out_dir = out_dir
         self.on_checkpoint = on_checkpoint
 
-    def on_round(self, row: Row, state: RoundState) -> None:
+    def take(self, row: Row, state: RoundState) -> dict | None:
+        """The round's checkpoint (copies: ``Executor.checkpoint()`` plus ``"row"``);
+        None for a replayed row, whose checkpoint is already on disk."""
         if state.replayed:
-            return
-        checkpoint = {**state.executor.checkpoint(), "row": dict(row)}
+            return None
+        return {**state.executor.checkpoint(), "row": dict(row)}
+
+    def write(self, checkpoint: dict, row: Row) -> None:
+        """``checkpoint.pkl`` (if ``out_dir``), then the caller's ``on_checkpoint``."""
         if self.out_dir is not None:
             save_checkpoint(self.out_dir, checkpoint)
         if self.on_checkpoint is not None:
             self.on_checkpoint(checkpoint, row)
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        checkpoint = self.take(row, state)
+        if checkpoint is not None:
+            self.write(checkpoint, row)
 
     def on_end(self) -> None:
         pass
 
 
 class BackgroundWrites:
-    """``Checkpoint`` (without ``on_checkpoint``) and ``ParquetRows`` in one writer
-    thread: the checkpoint is taken on the caller's thread (``Executor.checkpoint()``
-    returns copies, which nothing mutates afterwards), pickled and written, then the
-    row appended, in round order, while the next round runs (module docstring)."""
+    """A :class:`Checkpoint` (without ``on_checkpoint``) and :class:`ParquetRows` run
+    by one writer thread: the checkpoint is taken on the caller's thread
+    (:meth:`Checkpoint.take`: copies, which nothing mutates afterwards), then written
+    and the row released by the thread, in round order, while the next round runs
+    (module docstring)."""
 
     #: rounds that may wait for the writer: bounds the checkpoints held in memory
     PENDING = 2
 
-    def __init__(self, out_dir: Path, writer: RoundWriter) -> None:
-        self.out_dir = out_dir
-        self.writer = writer
+    def __init__(self, checkpoint: Checkpoint, rows: ParquetRows) -> None:
+        self.checkpoint = checkpoint
+        self.rows = rows
         self._queue: queue.Queue = queue.Queue(maxsize=self.PENDING)
         self._error: BaseException | None = None
         self._raised = False
@@ -121,12 +132,11 @@ class BackgroundWrites:
                 return
             if self._error is not None:
                 continue  # after a failed write nothing later reaches the disk
-            checkpoint, row = item
+            checkpoint, row, replayed = item
             try:
                 if checkpoint is not None:
-                    save_checkpoint(self.out_dir, checkpoint)
-                if row is not None:
-                    self.writer.append(row)
+                    self.checkpoint.write(checkpoint, row)
+                self.rows.release(row, replayed)
             except BaseException as e:  # noqa: BLE001 - raised on the loop's thread
                 self._error = e
 
@@ -137,13 +147,7 @@ class BackgroundWrites:
 
     def on_round(self, row: Row, state: RoundState) -> None:
         self._raise_error()
-        item: tuple[dict | None, Row | None]
-        if state.replayed:  # only the row, unless it is on disk already
-            on_disk = any(int(r["round"]) == int(row["round"]) for r in self.writer.rows)
-            item = (None, None if on_disk else dict(row))
-        else:
-            item = ({**state.executor.checkpoint(), "row": dict(row)}, dict(row))
-        self._queue.put(item)
+        self._queue.put((self.checkpoint.take(row, state), dict(row), state.replayed))
 
     def flush(self) -> None:
         """Wait until every queued round is on disk (or the writer failed)."""
@@ -181,10 +185,14 @@ class ParquetRows:
     def __init__(self, writer: RoundWriter) -> None:
         self.writer = writer
 
-    def on_round(self, row: Row, state: RoundState) -> None:
-        if state.replayed and any(int(r["round"]) == int(row["round"]) for r in self.writer.rows):
+    def release(self, row: Row, replayed: bool) -> None:
+        """Append ``row``, unless it is a replayed row already on disk."""
+        if replayed and any(int(r["round"]) == int(row["round"]) for r in self.writer.rows):
             return
         self.writer.append(row)
+
+    def on_round(self, row: Row, state: RoundState) -> None:
+        self.release(row, state.replayed)
 
     def on_end(self) -> None:
         pass
@@ -244,7 +252,7 @@ def round_callbacks(
     behind = behind and on_checkpoint is None and on_round is None
     if behind:  # nobody waits for the release: write behind the next round
         assert out_dir is not None and writer is not None
-        out.append(BackgroundWrites(out_dir, writer))
+        out.append(BackgroundWrites(Checkpoint(out_dir, None), ParquetRows(writer)))
     elif out_dir is not None or on_checkpoint is not None:
         out.append(Checkpoint(out_dir, on_checkpoint))
     out.append(Metrics(metrics))
