@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/round_phases.py [--workload cnn resnet18_gn] [--executor ray local]
-        [--rounds 4] [--workers 2] [--quick]
+        [--rounds 4] [--workers 2] [--writes background sync] [--quick]
 
 Runs ``simulate`` (``write=True`` into a temporary folder, so checkpoints and Parquet
 rows are timed too) on ``benchmarks/bench.py``'s workloads (``resnet18_gn`` with its
@@ -15,34 +15,66 @@ timer only reads the clock. Printed, per round and as the mean of rounds 2..N:
   ``shard_split``, ``dispatch`` (submitting the shards), ``train_wait`` (the driver
   waits for the slowest shard), ``finish_round`` (moving the partial sums to the server,
   ``reduce``, ``noise_draw`` when not drawn ahead, ``server_update``), ``evaluation``,
-  ``round_checkpoint_refs`` (Ray's in-memory round checkpoint), ``checkpoint_state`` and
-  ``checkpoint_file`` (the state gathered and written before the row), ``parquet_row``;
+  ``round_checkpoint_refs`` (Ray's in-memory round checkpoint), ``checkpoint_state``
+  (``Checkpoint.take``: the state gathered and copied, on the loop's thread in both
+  modes) and, with ``--writes sync`` only, ``checkpoint_file`` and ``parquet_row``;
   ``noise_draw_ahead`` is the server's noise drawn in its own thread (started when the
   previous round's update is made; off the critical path when a core is free) and
   ``noise_wait`` the part of it the round waited for (inside ``server_update``);
 * workers (Ray: read from each actor after the round): ``local_training`` (inside the
   trainer) and ``partial_sum`` (the rest of the shard: differences, clipping, the
   float64 sum and its hand-over), and ``idle`` = ``train_wait`` − the worker's shard;
-* ``other`` = the round's wall time (between two ``on_round`` calls) − the driver's
+* ``other`` = the round's wall time (between two rounds' ends) − the driver's
   phases: row assembly, metrics and Ray's bookkeeping.
 
-A Tune report is where ``on_round`` is called in a trial (``benchmarks/tune_overhead.py``
-measures Tune's cost); here ``on_round`` only reads the timers. The object sizes moved
-per round are printed from d: the weights (float32, one object read by every worker),
-the k partial sums (float64: the privacy argument's exact summation, see README) and the
-round checkpoint. Timings are wall-clock on a possibly shared machine: the load average
-is printed with every table.
+``--writes`` picks how ``checkpoint.pkl`` and the Parquet row are written (both may be
+given; each is one run and one table, the mode in its header and summary lines):
+
+* ``background`` (the default): what ``dpfl run`` does. ``simulate`` gets no
+  ``on_round``, so :func:`engine.simulation.callbacks.round_callbacks` makes one
+  ``BackgroundWrites``: the checkpoint is taken on the loop's thread
+  (``checkpoint_state``), then pickled and written (``checkpoint_file (writer)``) and the
+  row appended (``parquet_row (writer)``) by the writer thread ``dpfl-round-writer``
+  while the next round runs. Those two are writer-thread time, listed apart, not
+  driver phases and not subtracted in ``other``; column r is round r's checkpoint and
+  row (written during round r+1, the last one while the run closes; their share is
+  how busy the writer is, not time the round waits). ``writer_queue_wait`` is the
+  driver's time handing the round to the writer besides ``checkpoint_state``: it grows
+  when the writer falls ``BackgroundWrites.PENDING`` rounds behind and the loop blocks.
+  The writer competes with the loop for the GIL and the cores, which shows in the
+  driver's phases, not in its own rows. The per-round hook is
+  ``callbacks.Metrics.on_round`` wrapped for the run (the round's row and executor,
+  after the metrics; replayed rows skipped as ``Metrics`` skips them).
+* ``sync``: ``simulate(on_round=...)``, as a Tune trial runs (Tune passes ``on_round``):
+  the checkpoint file and the row are written on the loop's thread before the round is
+  released, so ``checkpoint_file`` and ``parquet_row`` are driver phases on the critical
+  path. ``on_round`` only reads the timers here; a Tune report is where it is called in
+  a trial (``benchmarks/tune_overhead.py`` measures Tune's cost).
+
+The timer is entered from the loop's thread, the server's noise thread and (background)
+the writer thread; ``PhaseTimer`` itself adds to a dict without a lock (``+=`` and
+``take``'s copy-and-clear may interleave and drop or double an addition), so this
+benchmark installs a subclass whose ``add`` and ``take`` hold a lock, and times the writer
+thread's phases by the round they write. The object sizes moved per round are printed
+from d: the weights (float32, one object read by every worker), the k partial sums
+(float64: the privacy argument's exact summation, see README) and the round checkpoint.
+Timings are wall-clock on a possibly shared machine: the load average is printed with
+every table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +103,12 @@ DRIVER_PHASES = [
     "evaluation",
     "round_checkpoint_refs",
     "checkpoint_state",
-    "checkpoint_file",
-    "parquet_row",
 ]
+#: written by the loop's thread (sync: driver phases) or by the writer thread (background)
+WRITE_PHASES = ["checkpoint_file", "parquet_row"]
+#: background only: handing the round to the writer, besides ``checkpoint_state``
+WRITER_HANDOFF = "writer_queue_wait"
+WRITER_THREAD = "dpfl-round-writer"  # BackgroundWrites' thread
 SERVER_PHASES = [
     "cohort_sampling",
     "noise_draw_ahead",
@@ -89,11 +124,45 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-class Recorder:
-    """Installs the timer on the run's executor and reads every phase after each round."""
+class LockedPhaseTimer(PhaseTimer):
+    """A :class:`PhaseTimer` safe to enter from several threads at once: each phase's
+    start is local to its ``with`` (overlapping phases are fine), and ``add`` and
+    ``take`` hold one lock (``PhaseTimer``'s ``seconds[name] += s`` is a read and a
+    write, and ``take`` a copy then a clear: an addition between them is lost or
+    counted twice)."""
 
     def __init__(self) -> None:
-        self.timer = PhaseTimer()
+        super().__init__()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:  # type: ignore[override]
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] += seconds
+
+    def take(self) -> dict[str, float]:
+        with self._lock:
+            return super().take()
+
+
+class Recorder:
+    """Installs the timer on the run's executor and reads every phase after each round;
+    in background mode the writer thread's phases are kept by the round they write."""
+
+    def __init__(self, writes: str = "background") -> None:
+        self.writes = writes
+        self.driver = DRIVER_PHASES + (WRITE_PHASES if writes == "sync" else [WRITER_HANDOFF])
+        self.timer = LockedPhaseTimer()
+        self._lock = threading.Lock()
+        self.written: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.write_threads: set[str] = set()
         self.executor: Any = None
         self.rounds: list[dict[str, float]] = []
         self.dim = 0
@@ -124,10 +193,36 @@ class Recorder:
 
         return wrapped
 
+    @contextlib.contextmanager
+    def write_phase(self, name: str, rnd: int) -> Iterator[None]:
+        """A checkpoint file or row write: a driver phase (sync), or the writer
+        thread's time for round ``rnd`` (background)."""
+        with self._lock:
+            self.write_threads.add(threading.current_thread().name)
+        if self.writes == "sync":
+            with self.timer.phase(name):
+                yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.written[rnd][name] += time.perf_counter() - t0
+
+    def attach_writes(self) -> None:
+        """After the run (the writer has flushed): each round's writer-thread times."""
+        for r in self.rounds:
+            for k, v in self.written.get(int(r["round"]), {}).items():
+                r[f"{k} (writer)"] = v
+
     def on_round(self, row: dict, executor: Any) -> None:
         now = time.perf_counter()
         rec = dict(self.timer.take())
         rec["round_wall"] = now - self.t_last
+        rec["round"] = int(row["round"])
+        if WRITER_HANDOFF in rec:  # BackgroundWrites.on_round: Checkpoint.take, then put
+            rec[WRITER_HANDOFF] -= rec.get("checkpoint_state", 0.0)
         pool = executor.pool
         if hasattr(pool, "take_worker_phase_times"):
             per = pool.take_worker_phase_times()
@@ -139,55 +234,84 @@ class Recorder:
             rec["idle"] = statistics.mean(max(0.0, wait - s) for s in shard)
         else:  # in process: the worker's timer is the driver's
             rec["partial_sum"] = rec.get("train_shards", 0.0) - rec.get("local_training", 0.0)
-        outer = sum(rec.get(k, 0.0) for k in DRIVER_PHASES)
+        outer = sum(rec.get(k, 0.0) for k in self.driver)
         rec["other"] = rec["round_wall"] - outer
         self.rounds.append(rec)
         self.t_last = time.perf_counter()
 
 
-def run(w, ds, executor: str, workers: int, gpu: bool) -> tuple[Recorder, float]:
+def run(w, ds, executor: str, workers: int, gpu: bool, writes: str) -> tuple[Recorder, float]:
     overrides = bench.dpfl_overrides(w, workers, None, gpu)
     overrides = [o for o in overrides if not o.startswith("ray.executor=")]
     overrides.append(f"ray.executor={executor}")
     if gpu and executor == "local":  # in process on the GPU too: the same device
         overrides.append("ray.worker_device=cuda")
-    rec = Recorder()
+    rec = Recorder(writes)
     original_make, original_save = sim.make_executor, sim_callbacks.save_checkpoint
     original_append = RoundWriter.append
+    original_metrics = sim_callbacks.Metrics.on_round
+    original_handoff = sim_callbacks.BackgroundWrites.on_round
 
     def save(out_dir, state):
-        with rec.timer.phase("checkpoint_file"):
+        with rec.write_phase("checkpoint_file", int(state["row"]["round"])):
             original_save(out_dir, state)
 
     def append(self, row):
-        with rec.timer.phase("parquet_row"):
+        with rec.write_phase("parquet_row", int(row["round"])):
             return original_append(self, row)
+
+    def metrics_on_round(self, row, state):  # the loop's thread, after the handoff
+        original_metrics(self, row, state)
+        if not state.replayed:  # as Metrics skips them
+            rec.on_round(row, state.executor)
+
+    def handoff(self, row, state):
+        with rec.timer.phase(WRITER_HANDOFF):
+            original_handoff(self, row, state)
 
     sim.make_executor = rec.make_executor(original_make)
     sim_callbacks.save_checkpoint = save
     RoundWriter.append = append  # type: ignore[method-assign]
+    if writes == "background":  # dpfl run's path: no on_round, so BackgroundWrites
+        sim_callbacks.Metrics.on_round = metrics_on_round  # type: ignore[method-assign]
+        sim_callbacks.BackgroundWrites.on_round = handoff  # type: ignore[method-assign]
+        on_round = None
+    else:
+        on_round = rec.on_round
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(overrides=[*overrides, f"out={tmp}/run"])
             t0 = time.perf_counter()
-            sim.simulate(cfg, dataset=ds, write=True, on_round=rec.on_round, run_name="phases")
+            sim.simulate(cfg, dataset=ds, write=True, on_round=on_round, run_name="phases")
             wall = time.perf_counter() - t0
     finally:
         sim.make_executor = original_make
         sim_callbacks.save_checkpoint = original_save
         RoundWriter.append = original_append  # type: ignore[method-assign]
+        sim_callbacks.Metrics.on_round = original_metrics  # type: ignore[method-assign]
+        sim_callbacks.BackgroundWrites.on_round = original_handoff  # type: ignore[method-assign]
+    rec.attach_writes()
+    want = {WRITER_THREAD} if writes == "background" else {threading.current_thread().name}
+    if rec.write_threads != want:  # the mode is not the path that ran
+        raise RuntimeError(f"--writes {writes}: written by {rec.write_threads}, not {want}")
     return rec, wall
 
 
 def report(name: str, rec: Recorder, wall: float) -> None:
     rows = rec.rounds
-    keys = [
-        k
-        for k in [*DRIVER_PHASES, *SERVER_PHASES, *WORKER_PHASES, "other", "round_wall"]
-        if any(k in r for r in rows)
-    ]
-    print(f"\n-- {name}: d = {rec.dim:,}, workers = {rec.workers}; load average {load()}")
-    head = f"{'phase (s)':24s}" + "".join(f"{'r' + str(i + 1):>8s}" for i in range(len(rows)))
+    writer = [f"{k} (writer)" for k in WRITE_PHASES] if rec.writes == "background" else []
+    order = [*rec.driver, *SERVER_PHASES, *WORKER_PHASES, *writer, "other", "round_wall"]
+    keys = [k for k in order if any(k in r for r in rows)]
+    print(
+        f"\n-- {name}: writes {rec.writes}; d = {rec.dim:,}, workers = {rec.workers}; "
+        f"load average {load()}"
+    )
+    if writer:
+        print(
+            f"(writer) rows: time in the writer thread {WRITER_THREAD}, overlapping the next "
+            "round; column r = round r's writes; not driver phases, not subtracted in other"
+        )
+    head = f"{'phase (s)':26s}" + "".join(f"{'r' + str(i + 1):>8s}" for i in range(len(rows)))
     print(head + f"{'mean 2..':>9s}{'share':>7s}")
     steady = rows[1:] or rows
     wall_mean = statistics.mean(r["round_wall"] for r in steady)
@@ -195,7 +319,7 @@ def report(name: str, rec: Recorder, wall: float) -> None:
         vals = [r.get(k, 0.0) for r in rows]
         m = statistics.mean(r.get(k, 0.0) for r in steady)
         cells = "".join(f"{v:8.3f}" for v in vals)
-        print(f"{k:24s}{cells}{m:9.3f}{m / wall_mean:7.1%}")
+        print(f"{k:26s}{cells}{m:9.3f}{m / wall_mean:7.1%}")
     d, k = rec.dim, rec.workers
     print(
         f"objects per round: weights {d * 4 / 2**20:.1f} MiB (float32, read by {k} workers); "
@@ -204,7 +328,8 @@ def report(name: str, rec: Recorder, wall: float) -> None:
     )
     train = statistics.mean(r.get("local_training", 0.0) for r in steady)
     print(
-        f"{name}: round {wall_mean:.3f} s, client training (slowest worker) {train:.3f} s, "
+        f"{name} [writes {rec.writes}]: round {wall_mean:.3f} s, client training "
+        f"(slowest worker) {train:.3f} s, "
         f"outside training {1 - train / wall_mean:.1%}; simulate wall {wall:.2f} s; "
         f"load average {load()}"
     )
@@ -255,6 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
     ap.add_argument(
+        "--writes",
+        nargs="+",
+        default=["background"],
+        choices=["background", "sync"],
+        help="checkpoint file and row: in the writer thread (dpfl run's path, the default) "
+        "or on the loop's thread before the release (sync: a Tune trial's path)",
+    )
+    ap.add_argument(
         "--kernels", action="store_true", help="only the per-client kernels, before/after"
     )
     args = ap.parse_args(argv)
@@ -278,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             w = dataclasses.replace(w, rounds=args.rounds)
             ds = bench.make_dataset(w)
             for ex in args.executor:
-                rec, wall = run(w, ds, ex, args.workers, gpu)
-                report(f"{name} / {ex}", rec, wall)
+                for writes in args.writes:
+                    rec, wall = run(w, ds, ex, args.workers, gpu, writes)
+                    report(f"{name} / {ex}", rec, wall)
     finally:
         ray.shutdown()
     return 0
