@@ -51,8 +51,9 @@ What is shared and what is independent
   ``engine/privacy/rng.py``'s recipe (a ``numpy.random.SeedSequence`` over
   ``(seed, stream, round[, client])``) so that both sides draw the same cohorts
   (``g.random(N) < q``), the same minibatch order (a ``torch.randperm`` per epoch,
-  batches of B, indices sorted within a batch) and the same server noise
-  (``torch.randn`` float64 × zC). The two runs therefore differ only
+  batches of B, indices sorted within a batch) and the same server noise (float64
+  × zC, in blocks of 2**18 values, block j from numpy's PCG64 seeded with
+  ``SeedSequence(seed, spawn_key=(2, NOISE, round, j))``). The two runs therefore differ only
   by floating-point rounding (summation order, batched kernels, the engine's
   overflow-safe clipping) and agree closely: the report gives the relative L2
   difference of the two final models and the accuracy difference, which must be
@@ -111,6 +112,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,25 @@ def derive_seed(seed: int, *key: int) -> int:
 def numpy_stream(seed: int, *key: int) -> np.random.Generator:
     """A numpy generator keyed by (seed, *key)."""
     return np.random.default_rng(derive_seed(seed, *key))
+
+
+NORMAL_BLOCK = 2**18  # engine/privacy/rng.py's block of seeded Gaussian values
+
+
+def block_normals(seed: int, key: tuple[int, ...], n: int) -> np.ndarray:
+    """The first n float64 N(0, 1) values of the noise stream (seed, *key): blocks of
+    ``NORMAL_BLOCK``, block j from PCG64 seeded with ``SeedSequence(seed,
+    spawn_key=(len(key), *key, j))``, drawn by a few threads (numpy frees the GIL)."""
+    out = np.empty(n, dtype=np.float64)
+
+    def fill(j: int) -> None:
+        ss = np.random.SeedSequence(int(seed), spawn_key=(len(key), *key, j))
+        part = out[j * NORMAL_BLOCK : (j + 1) * NORMAL_BLOCK]
+        np.random.Generator(np.random.PCG64(ss)).standard_normal(out=part)
+
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        list(pool.map(fill, range(-(-n // NORMAL_BLOCK))))
+    return out
 
 
 def torch_stream(seed: int, *key: int) -> torch.Generator:
@@ -634,7 +655,7 @@ def run_plain(
             norm_sum += norm
             updates += 1
         # The engine's draw (float64, logical order), added through strided views.
-        noise = torch.randn(dim, generator=torch_stream(w.seed, NOISE, rnd), dtype=torch.float64)
+        noise = torch.from_numpy(block_normals(w.seed, (NOISE, rnd), dim))
         noise = (noise * (w.noise_multiplier * w.clip_norm)).to(device, torch.float32)
         pieces = noise.split([p.numel() for p in params])
         torch._foreach_add_(total_views, [t.view(sh) for t, sh in zip(pieces, shapes)])

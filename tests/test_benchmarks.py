@@ -35,17 +35,20 @@ ALLOWED_ENGINE_IMPORTS = {
 }
 
 # Both sides use the same initial model, cohorts, minibatch order and noise draws, so
-# they differ only by floating-point rounding. Measured on the quick run: final weights
-# differ by 1.5e-5 relative and the 400 test predictions agree exactly; the whole
-# difference is the engine's clipping (it scales the peak-normalised update and, when
-# the float32 cast lands a few ulps above C, shrinks it by a further 1e-6 so that
-# ||update|| <= C holds exactly) against the plain loop's Δ·C/||Δ|| — with the engine's
-# clip copied into the plain loop the two quick runs are bit-identical. 0.01 (4 of 400
-# test examples) allows a few borderline flips and still fails on any real divergence
-# (a different batch order or noise draw moves the weights by O(1) relative and the
-# accuracy by several points); 1e-3 on the weights is ~70x the measured rounding.
+# they differ only by floating-point rounding: the engine's clipping (it scales the
+# peak-normalised update and, when the float32 cast lands a few ulps above C, shrinks
+# it by a further 1e-6 so that ||update|| <= C holds exactly) against the plain loop's
+# Δ·C/||Δ|| — with the engine's clip copied into the plain loop the two quick runs are
+# bit-identical. Over the four rounds such rounding can flip a near-tie (a max-pool or
+# ReLU decision) and then compounds: the final weights' relative difference, measured
+# on seeds 0-3 with the noise streams before and after the block streams of
+# engine/privacy/rng.py, ranged from 7e-7 to 2.1e-3 (1.5e-5 to 2.1e-3 before, 7e-7 to
+# 2.1e-3 after), and the accuracies by at most 0.0075. A real divergence (a different
+# batch order or noise draw) moves the weights by O(1) relative and the accuracy by
+# several points: 1e-2 on the weights is 5x the largest flip measured, and 0.01 on the
+# accuracy (4 of 400 test examples) allows a few borderline predictions.
 QUICK_ACCURACY_TOLERANCE = 0.01
-QUICK_WEIGHTS_TOLERANCE = 1e-3
+QUICK_WEIGHTS_TOLERANCE = 1e-2
 
 
 def _load_bench() -> ModuleType:
@@ -267,11 +270,7 @@ def _reference_dp_fedavg(bench: ModuleType, w, ds) -> np.ndarray:
             delta = new - global_w.float().double()
             norm = float(delta.norm())
             total += delta * min(1.0, w.clip_norm / norm)
-        noise = torch.randn(
-            len(global_w),
-            generator=bench.torch_stream(w.seed, bench.NOISE, rnd),
-            dtype=torch.float64,
-        )
+        noise = torch.from_numpy(bench.block_normals(w.seed, (bench.NOISE, rnd), len(global_w)))
         total += noise * (w.noise_multiplier * w.clip_norm)
         global_w = (global_w.float() + (total / (w.rate * w.num_clients)).float()).double()
     return global_w.float().numpy()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.privacy.kernels import gaussian_noise
-from engine.privacy.rng import SecureRandom
+from engine.privacy.rng import SecureRandom, SeededStream
 
 
 class AdaptiveClipError(ValueError):
@@ -106,7 +106,7 @@ def centred_count(num_clients: int, num_clipped: int) -> float:
 
 
 def release_count(
-    centred: float, count_stddev: float, generator: torch.Generator | SecureRandom
+    centred: float, count_stddev: float, generator: SeededStream | SecureRandom | torch.Generator
 ) -> float:
     """The released centred count Σ(b_i − ½) + N(0, σ_b²) (one draw from ``generator``)."""
     return float(centred + gaussian_noise(1, count_stddev, generator)[0])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.privacy.rng import SecureRandom
+from engine.privacy.rng import SecureRandom, SeededStream
 
 
 @dataclass(frozen=True)
@@ -226,14 +226,22 @@ def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
 def gaussian_noise(
     size: int,
     std: float,
-    generator: torch.Generator | SecureRandom,
+    generator: SeededStream | SecureRandom | torch.Generator,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """``size`` i.i.d. N(0, std²) draws from ``generator`` (never the global RNG): a
-    seeded stream (simulation) or :class:`engine.privacy.rng.SecureRandom` (release mode: OS
-    entropy, nothing recorded; see its docstring for the floating-point caveat)."""
+    :class:`engine.privacy.rng.SeededStream` (simulation: blocks drawn in parallel, the
+    mechanism's streams), :class:`engine.privacy.rng.SecureRandom` (release mode: OS
+    entropy, nothing recorded; see its docstring for the floating-point caveat) or a
+    torch generator (kept for callers outside the mechanism)."""
     if std < 0 or not math.isfinite(std):
         raise ValueError(f"noise std={std} must be finite and >= 0")
+    if isinstance(generator, SeededStream):
+        values = generator.standard_normal(size)
+        if dtype == torch.float64:  # scale in place: no second model-sized vector
+            values *= std
+            return torch.from_numpy(values)
+        return torch.from_numpy(values).to(dtype) * std
     if isinstance(generator, SecureRandom):
         return torch.from_numpy(generator.standard_normal(size)).to(dtype) * std
     return torch.randn(size, generator=generator, dtype=dtype) * std

@@ -125,7 +125,7 @@ class GaussianMechanism:
             raise ValueError("noise with an infinite clip norm has no privacy meaning")
         return z * self.clip_t / math.sqrt(shares)
 
-    def _stream(self, *key: int) -> torch.Generator | rngs.SecureRandom:
+    def _stream(self, *key: int) -> rngs.SeededStream | rngs.SecureRandom:
         if self.randomness is None:
             raise RuntimeError("a template mechanism draws no noise: bind it to a Randomness")
         return self.randomness.stream(*key)

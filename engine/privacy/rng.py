@@ -5,6 +5,18 @@ so results do not depend on which worker trained which client, in which order, o
 how many workers there are. ``numpy.random.SeedSequence`` mixes the key into
 independent, well-separated seeds.
 
+The privacy mechanism's Gaussian noise comes from :class:`SeededStream`: the values of
+stream (seed, *key) are cut into blocks of :data:`NORMAL_BLOCK`, and block j is drawn
+by its own PCG64 generator seeded with ``SeedSequence(seed, spawn_key=(len(key), *key,
+j))`` (numpy's documented way to make independent parallel streams). Blocks are drawn
+in parallel threads and the values do not depend on how many threads drew them. It
+replaced torch's CPU generator for the noise because (a) torch's Mersenne Twister
+draws 11M float64 values in ~0.34 s on one core, on the critical path of an
+11M-parameter round on a GPU, and (b) torch seeds that generator with the low 32 bits
+of the seed only, so of the ~10⁵ noise streams of a long run with client-side noise,
+two would coincide with probability ~0.7 (birthday bound); SeedSequence keeps all
+128 bits of the key's entropy (docs/architecture.md, "Noise streams").
+
 Two modes (``privacy.secure_noise``), recorded as ``randomness`` in every row and in
 ``config.json``:
 
@@ -25,6 +37,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +77,72 @@ def torch_gen(seed: int, *key: int, device: str | torch.device = "cpu") -> torch
     return g
 
 
+#: values per block of a :class:`SeededStream`'s Gaussian draw (2 MiB of float64). Part
+#: of what the stream's values are: changing it changes every seeded run's noise.
+NORMAL_BLOCK = 2**18
+
+#: threads that draw the blocks of one large Gaussian draw (the values do not depend
+#: on it): at most 8, at most the machine's cores
+NOISE_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+_block_pool: ThreadPoolExecutor | None = None
+_block_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _block_pool
+    with _block_pool_lock:
+        if _block_pool is None:
+            _block_pool = ThreadPoolExecutor(NOISE_THREADS, thread_name_prefix="dpfl-noise-block")
+        return _block_pool
+
+
+@dataclass(frozen=True)
+class SeededStream:
+    """The seeded noise stream keyed by (seed, *key): i.i.d. N(0, 1) float64 values in
+    blocks of :data:`NORMAL_BLOCK`, block j from PCG64 seeded with
+    ``SeedSequence(seed, spawn_key=(len(key), *key, j))`` (the key's length first, so
+    keys of different lengths never share a block's seed). A draw of n values is the
+    first n values of the stream, the same for any ``threads``.
+
+    Simulation mode only: anyone holding the seed regenerates these values (module
+    docstring); release mode draws from :class:`SecureRandom` instead."""
+
+    seed: int
+    key: tuple[int, ...]
+
+    def block_generator(self, block: int) -> np.random.Generator:
+        spawn_key = (len(self.key), *(int(k) for k in self.key), int(block))
+        return np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(int(self.seed), spawn_key=spawn_key))
+        )
+
+    def standard_normal(self, n: int, threads: int | None = None) -> np.ndarray:
+        """The stream's first ``n`` values (float64), blocks drawn by up to ``threads``
+        threads (default :data:`NOISE_THREADS`); numpy releases the GIL while it fills."""
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        out = np.empty(n, dtype=np.float64)
+        blocks = -(-n // NORMAL_BLOCK)
+
+        def fill(first: int, stop: int) -> None:
+            for j in range(first, stop):
+                self.block_generator(j).standard_normal(
+                    out=out[j * NORMAL_BLOCK : min(n, (j + 1) * NORMAL_BLOCK)]
+                )
+
+        workers = max(1, min(blocks, NOISE_THREADS if threads is None else int(threads)))
+        if workers == 1:
+            fill(0, blocks)
+            return out
+        bounds = [blocks * i // workers for i in range(workers + 1)]
+        futures = [_pool().submit(fill, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        for f in futures:
+            f.result()
+        return out
+
+
 def randomness_mode(secure: bool) -> str:
     """The ``randomness`` label of a run: ``secure`` or ``seeded-simulation``."""
     return SECURE if secure else SEEDED_SIMULATION
@@ -73,7 +153,7 @@ class Randomness:
     """The run's switch between seeded and secure noise (``privacy.secure_noise``): the
     one place that decides where a draw that hides data comes from.
 
-    ``stream(*key)`` is the seeded stream keyed by (seed, *key) in the simulation
+    ``stream(*key)`` is the :class:`SeededStream` keyed by (seed, *key) in the simulation
     mode, and a fresh :class:`SecureRandom` (OS entropy, nothing recorded, ``key``
     unused) in release mode. The privacy mechanism
     (:class:`engine.privacy.mechanism.GaussianMechanism`) draws every noise value of a
@@ -87,9 +167,9 @@ class Randomness:
     def mode(self) -> str:
         return randomness_mode(self.secure)
 
-    def stream(self, *key: int) -> torch.Generator | SecureRandom:
-        """A noise stream: torch's, keyed by (seed, *key), or the OS CSPRNG."""
-        return SecureRandom() if self.secure else torch_gen(self.seed, *key)
+    def stream(self, *key: int) -> SeededStream | SecureRandom:
+        """A noise stream: the seeded one keyed by (seed, *key), or the OS CSPRNG."""
+        return SecureRandom() if self.secure else SeededStream(self.seed, tuple(key))
 
     def cohort_stream(self, rnd: int) -> np.random.Generator | SecureRandom:
         """Round ``rnd``'s sampling stream: numpy's, keyed by (seed, SAMPLING, rnd), or

@@ -163,18 +163,15 @@ class Streams:
             yield idx[torch.randperm(len(idx), generator=gen).numpy()]
 
     def noise(self, t: int) -> np.ndarray:
-        g = rngs.torch_gen(SEED, rngs.NOISE, t)
-        return torch.randn(self.d, generator=g, dtype=torch.float64).numpy()
+        return rngs.SeededStream(SEED, (rngs.NOISE, t)).standard_normal(self.d)
 
     def count_noise(self, t: int) -> float:
         """The standard normal draw behind adaptive clipping's released count."""
-        g = rngs.torch_gen(SEED, rngs.CLIP_COUNT, t)
-        return float(torch.randn(1, generator=g, dtype=torch.float64)[0])
+        return float(rngs.SeededStream(SEED, (rngs.CLIP_COUNT, t)).standard_normal(1)[0])
 
     def client_noise(self, t: int, i: int) -> np.ndarray:
         """Client i's own noise draws under ``algo.noise_site=client``."""
-        g = rngs.torch_gen(SEED, rngs.NOISE, t, i + 1)
-        return torch.randn(self.d, generator=g, dtype=torch.float64).numpy()
+        return rngs.SeededStream(SEED, (rngs.NOISE, t, i + 1)).standard_normal(self.d)
 
     def randk_mask(self, t: int) -> np.ndarray:
         k = max(1, min(self.d, round(self.s.sparsity * self.d)))

@@ -71,8 +71,7 @@ def test_dp_bandmf_matches_the_reference() -> None:
             yield idx[torch.randperm(len(idx), generator=gen).numpy()]
 
     def noise(t: int) -> np.ndarray:
-        g = rngs.torch_gen(SEED, rngs.NOISE, t)
-        return torch.randn(d, generator=g, dtype=torch.float64).numpy()
+        return rngs.SeededStream(SEED, (rngs.NOISE, t)).standard_normal(d)
 
     c = np.array(strategy(s.rounds, bands))
     ref = run_dp_bandmf(s, PROB, init, cohorts, orders, noise, c, momentum)

@@ -98,8 +98,7 @@ def _reference(s: Setting, m: int, momentum: float, **ablate) -> tuple[np.ndarra
             yield idx[torch.randperm(len(idx), generator=gen).numpy()]
 
     def noise(t: int) -> np.ndarray:
-        g = rngs.torch_gen(SEED, rngs.NOISE, t)
-        return torch.randn(d, generator=g, dtype=torch.float64).numpy()
+        return rngs.SeededStream(SEED, (rngs.NOISE, t)).standard_normal(d)
 
     w = run_dp_ftrl(
         s, PROB, init, cohorts, orders, noise, spec.rounds_per_epoch, momentum, **ablate

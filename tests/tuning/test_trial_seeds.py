@@ -32,12 +32,9 @@ def test_two_trials_draw_different_cohorts_and_noise() -> None:
     assert not np.array_equal(c0, c1)
     # the same trial seed reproduces its cohort (seeded simulation)
     assert np.array_equal(c0, sample_cohort(spec, s0, 0))
-    n0 = rngs.torch_gen(s0, rngs.NOISE, 0)
-    n1 = rngs.torch_gen(s1, rngs.NOISE, 0)
-    import torch
-
-    a = torch.randn(1000, generator=n0)
-    b = torch.randn(1000, generator=n1)
+    # the noise streams the mechanism draws from (engine.privacy.rng.Randomness)
+    a = rngs.Randomness(s0).stream(rngs.NOISE, 0).standard_normal(1000)
+    b = rngs.Randomness(s1).stream(rngs.NOISE, 0).standard_normal(1000)
     # independent N(0,1) vectors: their difference has variance 2, never ~0
     assert float((a - b).std()) > 1.0
 
