@@ -1,22 +1,29 @@
 """Write ``tests/golden/golden.json``: the exact outputs of the golden cases.
 
-How ``golden.json`` was generated: from a pristine checkout of commit 1f4e86f (the code
-before the refactor of issue 27 and the performance work of issue 26), never from a
-working tree that others were editing, on the CPU, in the project's virtual environment
-(Python 3.11.7, torch 2.14.1, numpy 2.4.6, pandas 3.1.1, Ray 2.60.0; ``golden.json``'s
-``environment`` records them), on a 2-core x86-64 machine::
+How ``golden.json`` was generated: first from a pristine checkout of commit 1f4e86f (the
+code before the refactor of issue 27 and the performance work of issue 26); then, once,
+on purpose, from a pristine checkout of the code that moved the mechanism's noise to
+block streams (``engine.privacy.rng.SeededStream``, docs/architecture.md "Noise
+streams"): commit 3d6e454, whose tree is the commit that holds this file's version of
+``golden.json`` except for that file. That change altered only the noise-dependent
+columns of the 25 private cases (accuracies, losses, update norms, clip counts, C_t
+under adaptive clipping, the audit's estimate); the two non-private cases and every
+ε stayed equal. Never from a working tree that others were editing; on the CPU, in
+the project's virtual environment (``golden.json``'s ``environment`` records the
+versions), on a 2-core x86-64 machine::
 
-    git worktree add /tmp/golden_base 1f4e86f
+    git worktree add /tmp/golden_base 3d6e454
     cd /tmp/golden_base
     PYTHONPATH=/tmp/golden_base python /work/main/tests/golden/generate.py \\
-        --out /work/main/tests/golden/golden.json --check-pins --expect-base /tmp/golden_base
+        --out /work/main/tests/golden/golden.json --expect-base /tmp/golden_base
     git worktree remove /tmp/golden_base
 
 The script prints ``engine.__file__`` (and checks it lies under ``--expect-base``, also
 in the Ray workers), so the code measured is the checkout's. It was run twice; the two
 files were identical byte for byte. ``--check-pins`` also runs every case without its
 pinned keys and checks the record is the same, proving that the pins are the defaults of
-the code that generated the file.
+the code that generated the file; it passed at 1f4e86f, and fails by design since
+issue 28 changed two defaults (the pins keep the cases on their 1f4e86f settings).
 
 Regenerate only when a change is *meant* to alter results (a new default, a bug fix that
 changes the numbers), from the commit that makes that change, and say so in its commit
