@@ -81,9 +81,22 @@ def torch_gen(seed: int, *key: int, device: str | torch.device = "cpu") -> torch
 #: of what the stream's values are: changing it changes every seeded run's noise.
 NORMAL_BLOCK = 2**18
 
+
+def _noise_threads() -> int:
+    """At most 8, at most the machine's cores, and at most ``OMP_NUM_THREADS`` where it
+    is set (Ray sets it to the CPUs a task or actor holds, at least 1: a one-CPU Tune
+    trial, or the server actor of ``ray.server=actor`` and clusters, draws with one
+    thread; the server in the driver, ``ray.server=auto`` on one node, is not capped)."""
+    cores = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        cores = min(cores, int(omp))
+    return max(1, min(8, cores))
+
+
 #: threads that draw the blocks of one large Gaussian draw (the values do not depend
-#: on it): at most 8, at most the machine's cores
-NOISE_THREADS = max(1, min(8, os.cpu_count() or 1))
+#: on it; :func:`_noise_threads`)
+NOISE_THREADS = _noise_threads()
 
 _block_pool: ThreadPoolExecutor | None = None
 _block_pool_lock = threading.Lock()

@@ -79,3 +79,15 @@ def test_gaussian_noise_scales_the_streams_values_exactly() -> None:
     assert torch.equal(gaussian_noise(7, 0.0, stream), torch.zeros(7, dtype=torch.float64))
     with pytest.raises(ValueError, match="n=-1"):
         stream.standard_normal(-1)
+
+
+def test_thread_count_follows_the_cpus_ray_gives_a_process(monkeypatch) -> None:
+    monkeypatch.setattr(rngs.os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert rngs._noise_threads() == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a one-CPU Ray task
+    assert rngs._noise_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert rngs._noise_threads() == 3
+    monkeypatch.setattr(rngs.os, "cpu_count", lambda: 2)
+    assert rngs._noise_threads() == 2
