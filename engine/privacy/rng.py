@@ -110,6 +110,16 @@ def _pool() -> ThreadPoolExecutor:
         return _block_pool
 
 
+def _forget_pool_after_fork() -> None:
+    """A forked child has none of its parent's threads: a pool inherited from the
+    parent would queue draws that no thread runs, so the child makes its own."""
+    global _block_pool, _block_pool_lock
+    _block_pool, _block_pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 @dataclass(frozen=True)
 class SeededStream:
     """The seeded noise stream keyed by (seed, *key): i.i.d. N(0, 1) float64 values in

@@ -91,3 +91,18 @@ def test_thread_count_follows_the_cpus_ray_gives_a_process(monkeypatch) -> None:
     assert rngs._noise_threads() == 3
     monkeypatch.setattr(rngs.os, "cpu_count", lambda: 2)
     assert rngs._noise_threads() == 2
+
+
+def test_a_forked_child_draws_with_threads_after_its_parent_did() -> None:
+    import multiprocessing
+
+    stream = rngs.SeededStream(4, (rngs.NOISE, 2))
+    parent = stream.standard_normal(3 * B, threads=3)  # the parent's pool now has threads
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply_async(_draw_in_child, (3 * B,)).get(timeout=60)
+    assert np.array_equal(child, parent)
+
+
+def _draw_in_child(n: int) -> np.ndarray:
+    return rngs.SeededStream(4, (rngs.NOISE, 2)).standard_normal(n, threads=3)
