@@ -20,7 +20,7 @@ from engine.config import load_config
 from engine.privacy import kernels
 from engine.privacy.kernels import add_float64_, clip_update
 from engine.privacy.mechanism import GaussianMechanism
-from engine.privacy.rng import Randomness, torch_gen
+from engine.privacy.rng import NOISE, Randomness, SeededStream
 from engine.simulation import make_executor, prepare
 from engine.telemetry.phases import OFF, PhaseTimer, timed
 
@@ -119,7 +119,7 @@ def test_noise_drawn_ahead_is_the_same_noise() -> None:
         given = mech.privatize(s, ahead, 11.0)
         drawn_at_finish = mech.privatize(s, mech.server_noise(d, 5, support), 11.0)
         assert np.array_equal(bits(given), bits(drawn_at_finish))
-        reference = torch.randn(d, generator=torch_gen(0, 2, 5), dtype=torch.float64)
+        reference = torch.from_numpy(SeededStream(0, (NOISE, 5)).standard_normal(d))
         expected = (s + reference * (z * 0.7) * support) / 11.0
         assert np.array_equal(bits(given), bits(expected))
 
