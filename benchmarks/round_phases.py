@@ -52,10 +52,8 @@ given; each is one run and one table, the mode in its header and summary lines):
   a trial (``benchmarks/tune_overhead.py`` measures Tune's cost).
 
 The timer is entered from the loop's thread, the server's noise thread and (background)
-the writer thread; ``PhaseTimer`` itself adds to a dict without a lock (``+=`` and
-``take``'s copy-and-clear may interleave and drop or double an addition), so this
-benchmark installs a subclass whose ``add`` and ``take`` hold a lock, and times the writer
-thread's phases by the round they write. The object sizes moved per round are printed
+the writer thread (``PhaseTimer`` adds and takes under a lock), and the writer
+thread's phases are booked to the round they write. The object sizes moved per round are printed
 from d: the weights (float32, one object read by every worker), the k partial sums
 (float64: the privacy argument's exact summation, see README) and the round checkpoint.
 Timings are wall-clock on a possibly shared machine: the load average is printed with
@@ -124,34 +122,6 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-class LockedPhaseTimer(PhaseTimer):
-    """A :class:`PhaseTimer` safe to enter from several threads at once: each phase's
-    start is local to its ``with`` (overlapping phases are fine), and ``add`` and
-    ``take`` hold one lock (``PhaseTimer``'s ``seconds[name] += s`` is a read and a
-    write, and ``take`` a copy then a clear: an addition between them is lost or
-    counted twice)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:  # type: ignore[override]
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - t0)
-
-    def add(self, name: str, seconds: float) -> None:
-        with self._lock:
-            self.seconds[name] += seconds
-
-    def take(self) -> dict[str, float]:
-        with self._lock:
-            return super().take()
-
-
 class Recorder:
     """Installs the timer on the run's executor and reads every phase after each round;
     in background mode the writer thread's phases are kept by the round they write."""
@@ -159,7 +129,7 @@ class Recorder:
     def __init__(self, writes: str = "background") -> None:
         self.writes = writes
         self.driver = DRIVER_PHASES + (WRITE_PHASES if writes == "sync" else [WRITER_HANDOFF])
-        self.timer = LockedPhaseTimer()
+        self.timer = PhaseTimer()  # thread-safe: the writer thread adds to it too
         self._lock = threading.Lock()
         self.written: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.write_threads: set[str] = set()

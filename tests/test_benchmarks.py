@@ -4,7 +4,6 @@ a ``--quick`` run measures both sides and reports consistent numbers."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from engine.federated.local_training import client_batches
 from engine.federated.server import sample_cohort
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec
+from tests.benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks" / "bench.py"
@@ -52,12 +52,7 @@ QUICK_WEIGHTS_TOLERANCE = 1e-2
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dpfl_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench.py", "dpfl_bench")
 
 
 def test_plain_loop_imports_no_engine_training_code() -> None:
@@ -166,12 +161,7 @@ SCALING = REPO / "benchmarks" / "gpu_scaling.py"
 
 
 def _load_scaling() -> ModuleType:
-    sys.path.insert(0, str(SCALING.parent))
-    spec = importlib.util.spec_from_file_location("dpfl_gpu_scaling", SCALING)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_scaling.py", "dpfl_gpu_scaling")
 
 
 def test_gpu_scaling_counts_steady_clients_per_second_after_round_one() -> None:
@@ -362,12 +352,7 @@ def test_run_memory_finds_every_descendant_and_its_peak() -> None:
     import subprocess
     import time
 
-    spec = importlib.util.spec_from_file_location(
-        "dpfl_run_memory", REPO / "benchmarks" / "run_memory.py"
-    )
-    assert spec is not None and spec.loader is not None
-    rm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rm)
+    rm = load_benchmark("run_memory.py", "dpfl_run_memory")
     sleeper = "import time; time.sleep(30)"
     code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
     child = subprocess.Popen([sys.executable, "-c", code])

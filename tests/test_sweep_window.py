@@ -4,24 +4,15 @@ includes other trials' start-ups."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SWEEP = REPO / "benchmarks" / "sweep_gpu.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 def _load_sweep() -> ModuleType:
-    sys.path.insert(0, str(SWEEP.parent))
-    spec = importlib.util.spec_from_file_location("dpfl_sweep_gpu", SWEEP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sweep_gpu.py", "dpfl_sweep_gpu")
 
 
 def _trial(marks: list[float], ups: list[float]) -> dict:

@@ -11,6 +11,7 @@ reads only the clock: it touches no random stream and no value that is released.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -40,12 +41,18 @@ OFF = NullTimer()
 
 
 class PhaseTimer(NullTimer):
-    """Accumulates seconds per phase name until :meth:`take` returns and clears them."""
+    """Accumulates seconds per phase name until :meth:`take` returns and clears them.
+
+    Safe to use from several threads at once (the server's noise thread and the
+    checkpoint writer add to the loop's timer): each phase's start is local to its
+    ``with``, and :meth:`add` and :meth:`take` hold one lock, so no addition is lost
+    or counted twice. Timers stay in their process (a Ray worker makes its own)."""
 
     enabled = True
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:  # type: ignore[override]
@@ -53,14 +60,16 @@ class PhaseTimer(NullTimer):
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - t0
+            self.add(name, time.perf_counter() - t0)
 
     def add(self, name: str, seconds: float) -> None:
-        self.seconds[name] += seconds
+        with self._lock:
+            self.seconds[name] += seconds
 
     def take(self) -> dict[str, float]:
-        out = dict(self.seconds)
-        self.seconds.clear()
+        with self._lock:
+            out = dict(self.seconds)
+            self.seconds.clear()
         return out
 
 
