@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -98,27 +97,6 @@ def _noise_threads() -> int:
 #: on it; :func:`_noise_threads`)
 NOISE_THREADS = _noise_threads()
 
-_block_pool: ThreadPoolExecutor | None = None
-_block_pool_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _block_pool
-    with _block_pool_lock:
-        if _block_pool is None:
-            _block_pool = ThreadPoolExecutor(NOISE_THREADS, thread_name_prefix="dpfl-noise-block")
-        return _block_pool
-
-
-def _forget_pool_after_fork() -> None:
-    """A forked child has none of its parent's threads: a pool inherited from the
-    parent would queue draws that no thread runs, so the child makes its own."""
-    global _block_pool, _block_pool_lock
-    _block_pool, _block_pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
 
 @dataclass(frozen=True)
 class SeededStream:
@@ -160,9 +138,14 @@ class SeededStream:
             fill(0, blocks)
             return out
         bounds = [blocks * i // workers for i in range(workers + 1)]
-        futures = [_pool().submit(fill, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-        for f in futures:
-            f.result()
+        # Threads of this draw only, joined before it returns: a pool kept between draws
+        # would hold non-daemon threads that make `dpfl` wait for the interpreter's
+        # teardown (engine.cli.dispatch.console_main) and that a forked child lacks.
+        # Starting them costs well under a millisecond a draw.
+        with ThreadPoolExecutor(workers, thread_name_prefix="dpfl-noise-block") as pool:
+            futures = [pool.submit(fill, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+            for f in futures:
+                f.result()
         return out
 
 

@@ -106,3 +106,13 @@ def test_a_forked_child_draws_with_threads_after_its_parent_did() -> None:
 
 def _draw_in_child(n: int) -> np.ndarray:
     return rngs.SeededStream(4, (rngs.NOISE, 2)).standard_normal(n, threads=3)
+
+
+def test_no_drawing_thread_outlives_a_draw() -> None:
+    """`dpfl` exits without the interpreter's teardown only when no non-daemon thread
+    is left (engine.cli.dispatch.console_main): a draw leaves none behind."""
+    import threading
+
+    rngs.SeededStream(6, (rngs.NOISE, 1)).standard_normal(3 * B, threads=3)
+    left = [t.name for t in threading.enumerate() if t.name.startswith("dpfl-noise-block")]
+    assert left == []
