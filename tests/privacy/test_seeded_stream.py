@@ -97,7 +97,7 @@ def test_a_forked_child_draws_with_threads_after_its_parent_did() -> None:
     import multiprocessing
 
     stream = rngs.SeededStream(4, (rngs.NOISE, 2))
-    parent = stream.standard_normal(3 * B, threads=3)  # the parent's pool now has threads
+    parent = stream.standard_normal(3 * B, threads=3)  # the parent drew with threads first
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         child = pool.apply_async(_draw_in_child, (3 * B,)).get(timeout=60)
