@@ -29,8 +29,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from engine.privacy.kernels import gaussian_noise
 from engine.privacy.rng import SecureRandom, SeededStream
 
@@ -106,7 +104,7 @@ def centred_count(num_clients: int, num_clipped: int) -> float:
 
 
 def release_count(
-    centred: float, count_stddev: float, generator: SeededStream | SecureRandom | torch.Generator
+    centred: float, count_stddev: float, generator: SeededStream | SecureRandom
 ) -> float:
     """The released centred count Σ(b_i − ½) + N(0, σ_b²) (one draw from ``generator``)."""
     return float(centred + gaussian_noise(1, count_stddev, generator)[0])

@@ -226,22 +226,16 @@ def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
 def gaussian_noise(
     size: int,
     std: float,
-    generator: SeededStream | SecureRandom | torch.Generator,
+    generator: SeededStream | SecureRandom,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """``size`` i.i.d. N(0, std²) draws from ``generator`` (never the global RNG): a
-    :class:`engine.privacy.rng.SeededStream` (simulation: blocks drawn in parallel, the
-    mechanism's streams), :class:`engine.privacy.rng.SecureRandom` (release mode: OS
-    entropy, nothing recorded; see its docstring for the floating-point caveat) or a
-    torch generator (kept for callers outside the mechanism)."""
+    :class:`engine.privacy.rng.SeededStream` (simulation: blocks drawn in parallel) or
+    :class:`engine.privacy.rng.SecureRandom` (release mode: OS entropy, nothing recorded;
+    see its docstring for the floating-point caveat). Both give float64 N(0, 1) values,
+    scaled here in float64."""
     if std < 0 or not math.isfinite(std):
         raise ValueError(f"noise std={std} must be finite and >= 0")
-    if isinstance(generator, SeededStream):
-        values = generator.standard_normal(size)
-        if dtype == torch.float64:  # scale in place: no second model-sized vector
-            values *= std
-            return torch.from_numpy(values)
-        return torch.from_numpy(values).to(dtype) * std
-    if isinstance(generator, SecureRandom):
-        return torch.from_numpy(generator.standard_normal(size)).to(dtype) * std
-    return torch.randn(size, generator=generator, dtype=dtype) * std
+    values = generator.standard_normal(size)
+    values *= std  # in place: no second model-sized vector
+    return torch.from_numpy(values).to(dtype)

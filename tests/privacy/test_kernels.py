@@ -203,13 +203,12 @@ def test_noise_is_reproducible_per_round_and_differs_across_rounds():
 
 
 def test_privatize_sum_rejects_meaningless_settings():
-    g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="denominator"):
         privatize_sum(torch.zeros(3), noise_multiplier=1.0, clip_norm=1.0, denominator=0)
     with pytest.raises(ValueError, match="infinite clip norm"):
         privatize_sum(torch.zeros(3), noise_multiplier=1.0, clip_norm=math.inf, denominator=1)
     with pytest.raises(ValueError, match="std"):
-        gaussian_noise(3, -1.0, g)
+        gaussian_noise(3, -1.0, rngs.SeededStream(0, (rngs.NOISE, 0)))
 
 
 # ----------------------------------------------------------- through the Server

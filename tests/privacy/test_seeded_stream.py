@@ -75,7 +75,7 @@ def test_gaussian_noise_scales_the_streams_values_exactly() -> None:
     stream = rngs.SeededStream(8, (rngs.CLIP_COUNT, 3))
     base = torch.from_numpy(stream.standard_normal(B + 5))
     assert torch.equal(gaussian_noise(B + 5, 0.37, stream), base * 0.37)
-    assert torch.equal(gaussian_noise(B + 5, 0.37, stream, torch.float32), base.float() * 0.37)
+    assert torch.equal(gaussian_noise(B + 5, 0.37, stream, torch.float32), (base * 0.37).float())
     assert torch.equal(gaussian_noise(7, 0.0, stream), torch.zeros(7, dtype=torch.float64))
     with pytest.raises(ValueError, match="n=-1"):
         stream.standard_normal(-1)
