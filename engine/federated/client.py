@@ -38,7 +38,7 @@ from engine.federated.worker_model import (
     resolve_worker_device,
 )
 from engine.privacy import rng as rngs
-from engine.privacy.kernels import add_float64_, clip_update
+from engine.privacy.kernels import ClipScratch, clip_and_add_
 from engine.privacy.mechanism import GaussianMechanism
 from engine.telemetry.phases import OFF, PhaseTimer, timed
 
@@ -250,10 +250,23 @@ class ClientWorker:
             ctx["randk_mask"] = rk.mask(d, gen).to(self.device)
         return ctx
 
-    def _update(self, res: LocalResult, global_flat: torch.Tensor, lr: float, ctx) -> torch.Tensor:
+    def _update(
+        self,
+        res: LocalResult,
+        global_flat: torch.Tensor,
+        lr: float,
+        ctx,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Δ = w_i − x^t with a personal head zeroed (it never leaves the client), then
-        the recipe's client transforms — the same for every trainer."""
-        delta = res.local - global_flat
+        the recipe's client transforms — the same for every trainer. Δ is written into
+        ``out`` when given (a buffer reused from client to client: nothing keeps a
+        client's Δ past its clip and addition)."""
+        delta = (
+            torch.sub(res.local, global_flat, out=out)
+            if out is not None
+            else res.local - global_flat
+        )
         if self.head_mask is not None:
             delta[self.head_mask] = 0.0
         tctx = {
@@ -291,19 +304,22 @@ class ClientWorker:
         lr = round_lr(self.spec.lr, self.spec.lr_decay, rnd)
         if mech is not None:  # C_t: the round's public clip norm (adaptive), else C_0
             mech.follow(public)
+        scratch = ClipScratch()  # one float64 image of an update, reused by every client
+        delta_out = torch.empty_like(global_flat)  # each client's Δ, reused likewise
         trained = self.trainer.train(global_flat, rnd, clients, ctx)
         for res in timed(trained, self.timer, "local_training"):
-            delta = self._update(res, global_flat, lr, ctx)
-            # non-private recipes only sanitise (C = inf), for the same diagnostics
-            update = mech.clip(delta) if mech is not None else clip_update(delta, math.inf)
-            out.max_clipped_norm = max(out.max_clipped_norm, update.out_norm)
+            delta = self._update(res, global_flat, lr, ctx, delta_out)
             if client_noise:
                 assert mech is not None
+                update = mech.clip(delta)
                 # N(0, (z_Δ·C_t)²/m) drawn on the CPU: the same on every device
                 noise = mech.client_noise(delta.numel(), rnd, res.client, self.spec.denominator)
                 total += update.update.double() + noise.to(self.device) * support
-            else:
-                add_float64_(total, update.update)  # promoted to float64 element-wise
+            elif mech is not None:  # clipped, then added to the float64 total exactly
+                update = mech.clip_and_add_(delta, total, scratch)
+            else:  # non-private recipes only sanitise (C = inf), for the same diagnostics
+                update = clip_and_add_(total, delta, math.inf, scratch)
+            out.max_clipped_norm = max(out.max_clipped_norm, update.out_norm)
             out.num_clients += 1
             out.norm_sum += update.norm if math.isfinite(update.norm) else 0.0
             out.num_clipped += int(update.clipped)

@@ -274,7 +274,9 @@ class OneByOneTrainer:
         spec, pipe = self.spec, self.pipeline
         public = dict(public or {})
         load_flat_(self.model, global_flat)
-        anchor = [p.detach().clone() for p in self.params]
+        # x^t for the regulariser and the projection, the only users of the anchor
+        needs_anchor = pipe.regularizer is not None or pipe.constraint is not None
+        anchor = [p.detach().clone() for p in self.params] if needs_anchor else []
         lr = round_lr(spec.lr, spec.lr_decay, rnd)
         personal = pipe.personal
         if personal is not None:

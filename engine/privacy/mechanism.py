@@ -44,7 +44,14 @@ from engine.privacy.adaptive_clip import (
     next_clip_norm,
     release_count,
 )
-from engine.privacy.kernels import ClipResult, clip_update, gaussian_noise, noisy_mean_step
+from engine.privacy.kernels import (
+    ClipResult,
+    ClipScratch,
+    clip_and_add_,
+    clip_update,
+    gaussian_noise,
+    noisy_mean_step,
+)
 
 if TYPE_CHECKING:  # dp-accounting loads only where an event is built (dp_event)
     import dp_accounting
@@ -113,6 +120,13 @@ class GaussianMechanism:
     def clip(self, update: torch.Tensor) -> ClipResult:
         """Sanitise and clip ``update`` to C_t (:func:`engine.privacy.kernels.clip_update`)."""
         return clip_update(update, self.clip_t)
+
+    def clip_and_add_(
+        self, update: torch.Tensor, total: torch.Tensor, scratch: ClipScratch
+    ) -> ClipResult:
+        """:meth:`clip` and add the clipped update to the float64 ``total`` in one pass
+        (:func:`engine.privacy.kernels.clip_and_add_`: the same values bit for bit)."""
+        return clip_and_add_(total, update, self.clip_t, scratch)
 
     def noise_std(self, shares: float = 1.0) -> float:
         """z_Δ·C_t/√shares: the std of the noise on the clipped sum (``shares=1``), or of

@@ -252,3 +252,50 @@ def test_timed_passes_items_through_and_is_identity_when_off() -> None:
     t = PhaseTimer()
     assert list(timed(iter(items), t, "x")) == items
     assert set(t.take()) == {"x"}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_clip_and_add_equals_clip_then_add(dtype: torch.dtype, threads: int) -> None:
+    """The worker's one-pass clip-and-accumulate (``clip_and_add_``, a float64 image
+    of the update in a reused scratch) against ``clip_update`` then ``add_float64_``:
+    the same clipped values, norms and float64 sums bit for bit, with one scratch
+    reused across updates of different norms, clipped, unclipped (C finite and
+    infinite), retried and non-finite ones; both paths are exercised."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(4)
+        n = 3 * kernels._CHUNK + 11
+        scratch = kernels.ClipScratch()
+        got_total = torch.randn(n, generator=g, dtype=torch.float64)
+        got_total[::13] = -0.0
+        want_total = got_total.clone()
+        clipped = unclipped = retried = 0
+        for i in range(40):
+            u = (torch.randn(n, generator=g) * 10.0 ** (i % 6 - 3)).to(dtype)
+            u[::101] = -0.0
+            if i == 7:
+                u[5] = math.nan
+            c = (0.01, 0.5, math.inf)[i % 3]
+            want = clip_update(u, c)
+            add_float64_(want_total, want.update)
+            got = kernels.clip_and_add_(got_total, u, c, scratch)
+            assert np.array_equal(bits(got.update), bits(want.update))
+            assert (got.norm, got.clipped, got.nonfinite) == (
+                want.norm,
+                want.clipped,
+                want.nonfinite,
+            )
+            assert got.out_norm == want.out_norm or (
+                math.isnan(got.out_norm) and math.isnan(want.out_norm)
+            )
+            assert np.array_equal(bits(got_total), bits(want_total))
+            clipped += want.clipped
+            unclipped += not want.clipped and not want.nonfinite
+            if want.clipped:
+                first = (u.double() * (c / want.norm)).to(dtype)
+                retried += float(torch.linalg.vector_norm(first, dtype=torch.float64)) > c
+        assert clipped >= 10 and unclipped >= 10 and retried >= 2
+    finally:
+        torch.set_num_threads(before)
