@@ -306,9 +306,9 @@ def report(name: str, rec: Recorder, wall: float) -> None:
 
 
 def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
-    """A worker's per-client O(d) work for a ``resnet18_gn``-sized update, the former
-    whole-vector expressions against the chunked ones (same values, checked here), in
-    one run: CPU seconds (``time.process_time``, one torch thread) and their ratio."""
+    """A worker's per-client O(d) work for an update of d coordinates, the former
+    expressions against the current ones (same values, checked here), in one run: CPU
+    seconds (``time.process_time``, one torch thread) and their ratio."""
     from engine.privacy import kernels as m
 
     torch.set_num_threads(1)
@@ -334,6 +334,20 @@ def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
         "float64 accumulate": (lambda: total.add_(u), lambda: m.add_float64_(total, u)),
     }
     assert torch.equal((u.double() * factor).to(torch.float32), m._scale_cast(u, factor, u.dtype))
+    # A worker's whole clip-and-sum of one client (engine.federated.client.train_shard):
+    # clip_update then add_float64_ (before) against clip_and_add_ over a reused float64
+    # image (after), for an update below C and one above it (clipped, cast, re-measured).
+    scratch = m.ClipScratch()
+    norm_u = m._norm64(u)
+    for label, c in (("unclipped", 2.0 * norm_u), ("clipped", 0.5 * norm_u)):
+        pairs[f"clip + float64 sum, {label}"] = (
+            lambda c=c: m.add_float64_(total, m.clip_update(u, c).update),
+            lambda c=c: m.clip_and_add_(total, u, c, scratch),
+        )
+        want, got = total.clone(), total.clone()
+        m.add_float64_(want, m.clip_update(u, c).update)
+        m.clip_and_add_(got, u, c, scratch)
+        assert torch.equal(want, got)
     norm = best(lambda: m._norm64(u))
     print(f"\n-- per-client kernels, d = {d:,} (CPU s, best of {repeats}); load average {load()}")
     print(f"float64 norm (unchanged, twice per clipped client): {norm:.4f}")
@@ -362,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.kernels:
-        kernels()
+        for d in (1_663_370, 11_173_962):  # the 28x28 cnn and resnet18_gn
+            kernels(d)
         return 0
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
