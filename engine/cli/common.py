@@ -232,11 +232,11 @@ def quiet_ray(
 
 
 def shutdown_ray() -> None:
-    """Shut down the Ray this command started (no-op when none is up)."""
-    import ray
+    """Stop the Ray this command started (no-op when none is up): now, or at the
+    ``dpfl`` executable's exit (:func:`engine.runtime.ray_start.release_ray`)."""
+    from engine.runtime.ray_start import release_ray
 
-    if ray.is_initialized():
-        ray.shutdown()
+    release_ray()
 
 
 def privacy_line(p: dict) -> str:

@@ -160,17 +160,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def console_main() -> None:
     """The ``dpfl`` executable (and ``python -m engine.cli``): :func:`main`, then a quick
-    exit. Once the command has returned, its results are on disk and its Ray is shut
-    down; the exit handlers run (``atexit``: Ray's, temporary files', logging's) and
-    the streams are flushed, then the process ends without the interpreter's module
-    teardown (about 1 s with torch loaded, on 2 cores). The teardown is kept where
-    something may still be running: Ray still up, or a non-daemon thread alive."""
+    exit. Once the command has returned, its results are on disk. A local Ray that a
+    run started and left up (:func:`engine.runtime.ray_start.stop_ray_at_exit`) is
+    handed to a detached helper that stops its processes after this one has gone
+    (:mod:`engine.runtime.reaper`); the exit handlers run (``atexit``: temporary
+    files', logging's) and the streams are flushed, then the process ends without the
+    interpreter's module teardown (about 1 s with torch loaded, on 2 cores). The
+    teardown (and ``ray.shutdown()``) is kept where something may still be running: a
+    non-daemon thread alive, or a Ray this process did not leave for its exit (one it
+    attached to)."""
     import threading
 
+    from engine.runtime import ray_start
+
+    ray_start.stop_ray_at_exit()  # a run's own Ray: stopped behind the exit, not waited for
     rc = main()
     alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
     ray = sys.modules.get("ray")
-    if any(not t.daemon for t in alive) or (ray is not None and ray.is_initialized()):
+    ray_up = ray is not None and ray.is_initialized()
+    if any(not t.daemon for t in alive):
+        sys.exit(rc)  # ray.shutdown() runs in the exit handlers if Ray is up
+    if ray_up and not ray_start.hand_off_at_exit():
         sys.exit(rc)
     import atexit
     import logging

@@ -18,7 +18,7 @@ from engine.federated.client import ClientWorker, LocalSpec, owner_shard
 from engine.federated.server import Server, ServerSpec
 from engine.runtime.driver_server import DriverServer, server_in_driver, single_machine
 from engine.runtime.executors import Executor, round_plan
-from engine.runtime.ray_start import ensure_ray
+from engine.runtime.ray_start import ensure_ray, release_ray
 from engine.telemetry import timeline
 from engine.telemetry.phases import OFF
 
@@ -350,6 +350,5 @@ class RayWorkerPool:
         self._data_ref = None
         self._ckpt_server = self._ckpt_clients = None
         if self._owns_ray:
-            time.sleep(0.1)
-            ray.shutdown()
+            release_ray(settle_s=0.1)  # ray.shutdown(), or left for the dpfl executable's exit
             self._owns_ray = False

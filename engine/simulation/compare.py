@@ -215,9 +215,9 @@ def run(
             pd.DataFrame(rows).to_parquet(out / "compare.parquet", index=False)
     finally:
         if owns_ray:
-            import ray
+            from engine.runtime.ray_start import release_ray
 
-            ray.shutdown()
+            release_ray()  # now, or at the dpfl executable's exit
     return pd.DataFrame(rows)
 
 
