@@ -30,8 +30,11 @@ import subprocess
 import sys
 import time
 
-#: Seconds between SIGTERM and SIGKILL for processes still alive.
-GRACE_S = 5.0
+#: Seconds between SIGTERM and SIGKILL for processes still alive: the graceful timeout
+#: ``ray.shutdown()`` gives each process. The two agents do not end on SIGTERM without
+#: their raylet (measured: both still alive 4.9 s after a 5 s grace began), so a longer
+#: grace only keeps them around longer.
+GRACE_S = 1.0
 _POLL_S = 0.05
 
 
