@@ -326,31 +326,41 @@ def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
             times.append(time.process_time() - t0)
         return min(times)
 
+    wide, narrow = m.ClipScratch().buffers(u)
     pairs = {
         "clip scale-and-cast": (
             lambda: (u.double() * factor).to(torch.float32),
-            lambda: m._scale_cast(u, factor, torch.float32),
+            lambda: m._scale_round_trip(wide, narrow, u, (factor,)),
         ),
         "float64 accumulate": (lambda: total.add_(u), lambda: m.add_float64_(total, u)),
     }
-    assert torch.equal((u.double() * factor).to(torch.float32), m._scale_cast(u, factor, u.dtype))
+    m._scale_round_trip(wide, narrow, u, (factor,))
+    assert torch.equal((u.double() * factor).to(torch.float32), narrow)
+
     # A worker's whole clip-and-sum of one client (engine.federated.client.train_shard):
-    # clip_update then add_float64_ (before) against clip_and_add_ over a reused float64
-    # image (after), for an update below C and one above it (clipped, cast, re-measured).
+    # the former whole-vector expressions (before: the norm through vector_norm's own
+    # float64 temporary, the scaled cast and its retries through _cast_within, then
+    # add_float64_) against clip_and_add_ over a reused float64 image (after), for an
+    # update below C and one above it (clipped, cast, re-measured).
+    def former(t: torch.Tensor, c: float) -> None:
+        norm = m._norm64(u)
+        out = u if norm <= c else m._cast_within(u.double() * (c / norm), u.dtype, c)[0]
+        m.add_float64_(t, out)
+
     scratch = m.ClipScratch()
     norm_u = m._norm64(u)
     for label, c in (("unclipped", 2.0 * norm_u), ("clipped", 0.5 * norm_u)):
         pairs[f"clip + float64 sum, {label}"] = (
-            lambda c=c: m.add_float64_(total, m.clip_update(u, c).update),
+            lambda c=c: former(total, c),
             lambda c=c: m.clip_and_add_(total, u, c, scratch),
         )
         want, got = total.clone(), total.clone()
-        m.add_float64_(want, m.clip_update(u, c).update)
+        former(want, c)
         m.clip_and_add_(got, u, c, scratch)
         assert torch.equal(want, got)
     norm = best(lambda: m._norm64(u))
     print(f"\n-- per-client kernels, d = {d:,} (CPU s, best of {repeats}); load average {load()}")
-    print(f"float64 norm (unchanged, twice per clipped client): {norm:.4f}")
+    print(f"float64 norm via vector_norm(dtype=float64), the former path: {norm:.4f}")
     for name, (before, after) in pairs.items():
         b, a = best(before), best(after)
         print(f"{name}: before {b:.4f}, after {a:.4f}, ratio {a / b:.2f}; load average {load()}")

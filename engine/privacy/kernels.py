@@ -68,34 +68,6 @@ def _peak_and_unit_norm(update: torch.Tensor) -> tuple[float, float]:
 _CHUNK = 1 << 16
 
 
-def _scale_cast(
-    x: torch.Tensor, factor: float | tuple[float, ...], dtype: torch.dtype
-) -> torch.Tensor:
-    """``(x.double() * factor).to(dtype)``, the same values bit for bit (each element is
-    converted exactly, multiplied in float64 and rounded once, alone), computed in
-    cache-sized chunks on the CPU instead of through two full-size float64 temporaries:
-    about 3x less time for an 11M-parameter update (``benchmarks/round_phases.py``).
-    A tuple of factors multiplies in turn, ``((x.double() * f0) * f1) * ...``, each
-    product rounded in float64 as the one-shot expression rounds it."""
-    factors = factor if isinstance(factor, tuple) else (factor,)
-    if x.device.type != "cpu" or x.numel() <= _CHUNK:
-        scaled = x.double()
-        for f in factors:
-            scaled = scaled * f
-        return scaled.to(dtype)
-    src = x.reshape(-1)
-    out = torch.empty(src.shape, dtype=dtype)
-    buf = torch.empty(_CHUNK, dtype=torch.float64)
-    for start in range(0, src.numel(), _CHUNK):
-        stop = min(start + _CHUNK, src.numel())
-        b = buf[: stop - start]
-        b.copy_(src[start:stop])
-        for f in factors:
-            b.mul_(f)
-        out[start:stop].copy_(b)
-    return out.view(x.shape)
-
-
 def add_float64_(total: torch.Tensor, x: torch.Tensor) -> None:
     """``total.add_(x)`` for a float64 ``total`` and a narrower ``x``: the same values
     bit for bit (x converted exactly, one float64 addition per element), in
@@ -170,26 +142,6 @@ def _cast_within(scaled: torch.Tensor, dtype: torch.dtype, clip_norm: float) -> 
     return out, after
 
 
-def _shrink_within(
-    update: torch.Tensor, factor: float, out: torch.Tensor, after: float, clip_norm: float
-) -> tuple[torch.Tensor, float]:
-    """``_cast_within(update.double() * factor, update.dtype, clip_norm)`` given its first
-    try (``out`` = the cast, ``after`` = its norm, above C), the same values bit for bit:
-    each retry's float64 multiplications are replayed from ``update`` in cache-sized
-    chunks (:func:`_scale_cast` with the factors in turn) instead of through model-sized
-    float64 temporaries, and the first try is not computed twice. About half of all
-    clipped float32 updates need one retry (the cast's rounding lands above C about as
-    often as below)."""
-    factors: tuple[float, ...] = (factor,)
-    for _ in range(8):
-        if after <= clip_norm:
-            break
-        factors = (*factors, clip_norm / after, _shrink(update.dtype))
-        out = _scale_cast(update, factors, update.dtype)
-        after = _norm64(out)
-    return out, after
-
-
 def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
     """Sanitise then scale ``update`` to L2 norm at most ``clip_norm``.
 
@@ -201,17 +153,15 @@ def clip_update(update: torch.Tensor, clip_norm: float) -> ClipResult:
     float64, even for huge updates, and ``clip_norm = inf`` leaves every finite
     update bit-for-bit unchanged.
     """
+    if update.dtype in _NARROW and update.device.type == "cpu":
+        return _clip_narrow(update, clip_norm, ClipScratch())[0]  # fresh buffers: owned
     if update.dtype in _NARROW:
         norm = _norm64(update)
         if not math.isfinite(norm):
             return ClipResult(torch.zeros_like(update), 0.0, False, True, 0.0)
         if not (math.isfinite(clip_norm) and norm > clip_norm):
             return ClipResult(update, norm, False, False, norm)
-        factor = clip_norm / norm
-        out = _scale_cast(update, factor, update.dtype)  # _cast_within's first try
-        after = _norm64(out)
-        if after > clip_norm:  # the cast's rounding went above C; shrink it
-            out, after = _shrink_within(update, factor, out, after, clip_norm)
+        out, after = _cast_within(update.double() * (clip_norm / norm), update.dtype, clip_norm)
         return ClipResult(out, norm, True, False, after)
     update, nonfinite = sanitize_nonfinite(update)
     peak, unit_norm = _peak_and_unit_norm(update)
@@ -249,7 +199,9 @@ def _scale_round_trip(
     """In cache-sized chunks: ``wide`` (float64; first set from ``source`` when given)
     multiplied by each factor in turn, rounded into ``narrow`` (the update's dtype) and
     converted back exactly, so that ``wide`` is the exact float64 image of ``narrow``;
-    element by element the same operations as :func:`_scale_cast`."""
+    element by element ``((x.double() * f0) * f1 ...).to(dtype)``: each element is
+    converted exactly, multiplied in float64 and rounded once, alone, without
+    update-sized float64 temporaries."""
     for start in range(0, wide.numel(), _CHUNK):
         stop = min(start + _CHUNK, wide.numel())
         w, n = wide[start:stop], narrow[start:stop]
@@ -261,50 +213,64 @@ def _scale_round_trip(
         w.copy_(n)
 
 
+def _clip_narrow(
+    update: torch.Tensor, clip_norm: float, scratch: ClipScratch
+) -> tuple[ClipResult, torch.Tensor | None]:
+    """:func:`clip_update` of a float32 (or narrower) update on the CPU, and the exact
+    float64 image of the result (``scratch``'s float64 buffer; None when the update
+    was non-finite and zeroed).
+
+    The update is converted to float64 once, into ``scratch``: its norm is the float64
+    reduction over that image (what ``vector_norm(x, dtype=torch.float64)`` computes,
+    without a fresh temporary), and a clipped update is scaled there in place, rounded
+    to the update's dtype, converted back exactly and measured again; while the cast's
+    rounding leaves it above C it is shrunk by :func:`_shrink` and cast again from the
+    input (at most 8 tries; about half of all clipped float32 updates need one). The
+    same values bit for bit as the whole-vector expressions ``(x.double() * f).to(dtype)``
+    and :func:`_cast_within` (tests/engine/test_round_critical_path.py). A clipped
+    result is ``scratch``'s narrow buffer."""
+    wide, narrow = scratch.buffers(update)
+    flat = update.reshape(-1)
+    wide.copy_(flat)
+    norm = float(torch.linalg.vector_norm(wide))
+    if not math.isfinite(norm):  # a non-finite entry (see _NARROW): zeroed
+        return ClipResult(torch.zeros_like(update), 0.0, False, True, 0.0), None
+    if not (math.isfinite(clip_norm) and norm > clip_norm):
+        return ClipResult(update, norm, False, False, norm), wide
+    factors: tuple[float, ...] = (clip_norm / norm,)
+    _scale_round_trip(wide, narrow, None, factors)
+    after = float(torch.linalg.vector_norm(wide))
+    for _ in range(8):
+        if after <= clip_norm:
+            break
+        factors = (*factors, clip_norm / after, _shrink(update.dtype))
+        _scale_round_trip(wide, narrow, flat, factors)
+        after = float(torch.linalg.vector_norm(wide))
+    return ClipResult(narrow.view(update.shape), norm, True, False, after), wide
+
+
 def clip_and_add_(
     total: torch.Tensor, update: torch.Tensor, clip_norm: float, scratch: ClipScratch
 ) -> ClipResult:
     """``res = clip_update(update, clip_norm); add_float64_(total, res.update)``, returning
     ``res``: the same clipped values, norms and float64 sum bit for bit, in 0.37–0.64x
     the CPU time for a float32 update of 1.7M–11M coordinates
-    (``python benchmarks/round_phases.py --kernels``).
-
-    The update is converted to float64 once, into ``scratch``: its norm is the same
-    float64 reduction over that image (what ``vector_norm(x, dtype=torch.float64)``
-    computes), an unclipped update is added from it, and a clipped one is scaled in
-    place, cast to the update's dtype, converted back exactly, measured and added from
-    there, with the same retries as :func:`clip_update`. So the clip's guarantee is
-    unchanged: what is added to ``total`` is exactly the float32 (or narrower) clipped
-    update, whose float64 norm is ≤ C. A clipped ``res.update`` is a view of
-    ``scratch``, valid until its next use. Other devices and dtypes, and non-finite
-    updates, take :func:`clip_update` and :func:`add_float64_` themselves."""
-    narrow_input = update.dtype in _NARROW and total.dtype == torch.float64
-    if not narrow_input or update.device.type != "cpu" or total.device.type != "cpu":
+    (``python benchmarks/round_phases.py --kernels``). The clip runs in ``scratch``
+    (reused from one client to the next) and the sum is added from the float64 image
+    the clip already made, so what is added is exactly the clipped update, whose
+    float64 norm is ≤ C. A clipped ``res.update`` is a view of ``scratch``, valid until
+    its next use. Other devices and dtypes take :func:`clip_update` and
+    :func:`add_float64_` themselves."""
+    cpu = update.device.type == "cpu" and total.device.type == "cpu"
+    if update.dtype in _NARROW and total.dtype == torch.float64 and cpu:
+        res, image = _clip_narrow(update, clip_norm, scratch)
+        if image is not None:
+            total.view(-1).add_(image)
+            return res
+    else:
         res = clip_update(update, clip_norm)
-        add_float64_(total, res.update)
-        return res
-    wide, narrow = scratch.buffers(update)
-    flat = update.reshape(-1)
-    wide.copy_(flat)
-    norm = float(torch.linalg.vector_norm(wide))
-    if not math.isfinite(norm):  # zeroed by clip_update; adding zeros also maps -0.0 to +0.0
-        res = clip_update(update, clip_norm)
-        add_float64_(total, res.update)
-        return res
-    if not (math.isfinite(clip_norm) and norm > clip_norm):
-        total.view(-1).add_(wide)
-        return ClipResult(update, norm, False, False, norm)
-    factors: tuple[float, ...] = (clip_norm / norm,)
-    _scale_round_trip(wide, narrow, None, factors)
-    after = float(torch.linalg.vector_norm(wide))
-    for _ in range(8):  # clip_update's retries (_shrink_within), replayed from the input
-        if after <= clip_norm:
-            break
-        factors = (*factors, clip_norm / after, _shrink(update.dtype))
-        _scale_round_trip(wide, narrow, flat, factors)
-        after = float(torch.linalg.vector_norm(wide))
-    total.view(-1).add_(wide)
-    return ClipResult(narrow.view(update.shape), norm, True, False, after)
+    add_float64_(total, res.update)  # also zeros: they map a -0.0 total to +0.0
+    return res
 
 
 def gaussian_noise(

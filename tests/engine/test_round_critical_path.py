@@ -33,13 +33,20 @@ def bits(t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("n", [5, kernels._CHUNK, 3 * kernels._CHUNK + 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_scale_cast_equals_the_one_shot_expression(n: int, dtype: torch.dtype) -> None:
+    """The chunked scale, cast and exact conversion back of clipping equal the one-shot
+    expressions, for one factor and for factors applied in turn (the retries)."""
     g = torch.Generator().manual_seed(n)
     x = (torch.randn(n, generator=g) * torch.logspace(-30, 3, n)).to(dtype)
     x[::97] = -0.0
-    for factor in (0.3, 1e-7, 1.0 / 3.0, 7.5e5):
-        want = (x.double() * factor).to(dtype)
-        got = kernels._scale_cast(x, factor, dtype)
-        assert np.array_equal(bits(got), bits(want))
+    wide, narrow = kernels.ClipScratch().buffers(x)
+    for factors in ((0.3,), (1e-7,), (1.0 / 3.0,), (7.5e5,), (0.3, 1.0 / 3.0, 0.999999)):
+        want = x.double()
+        for f in factors:
+            want = want * f
+        want = want.to(dtype)
+        kernels._scale_round_trip(wide, narrow, x, factors)
+        assert np.array_equal(bits(narrow), bits(want))
+        assert np.array_equal(bits(wide), bits(want.double()))
 
 
 @pytest.mark.parametrize("n", [9, 2 * kernels._CHUNK + 5])
@@ -88,7 +95,7 @@ def _former_cast_within(scaled: torch.Tensor, dtype: torch.dtype, clip_norm: flo
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_clip_retries_replayed_in_chunks_equal_the_former_loop(dtype: torch.dtype) -> None:
     """A clipped update whose cast lands above C is shrunk and cast again: the chunked
-    replay (``_shrink_within``) gives the former loop's values bit for bit, retries do
+    replay from the input (``_clip_narrow``) gives the former loop's values bit for bit, retries do
     occur in the sample, and every result is within C (also float16 and bfloat16,
     whose rounding a 1e-6 shrink could not undo)."""
     g = torch.Generator().manual_seed(3)
