@@ -31,7 +31,11 @@ the clip on a flat update, no per-client allocations), batched evaluation under
 ``no_grad``. It prints its time per local step next to a minimal
 forward/backward/update loop's on the same minibatches (its first
 ``--minimal-rounds`` rounds), and its time outside training. ``--workload w1`` times
-the floor and ``dpfl run`` as whole processes (see :func:`w1_main`).
+the floor and ``dpfl run`` as whole processes (see :func:`w1_main`), and prints, for
+each dpfl run, the CPU seconds its processes used from spawn to the rounds' start, by
+role (driver, client workers, Ray's dashboard, agents, monitors, GCS and raylet),
+next to the machine's busy core-seconds over that span (:func:`cpu_until_mark`): a
+start whose cores are busy throughout can only get shorter by doing less.
 
 What is shared and what is independent
 --------------------------------------
@@ -906,6 +910,109 @@ def timed_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float, fl
     return t0, t1, proc.returncode, (proc.stdout + proc.stderr)[-3000:]
 
 
+#: Ray's processes by role, from their command lines (first match wins).
+CPU_ROLES = (
+    ("ClientWorker", "client workers"),  # ray::<run>:client-worker-<i>:ClientWorker...
+    (":Server", "server actor"),
+    ("dashboard_agent", "Ray dashboard agent"),
+    ("DashboardAgent", "Ray dashboard agent"),
+    ("ray-dashboard-", "Ray dashboard"),
+    ("dashboard.py", "Ray dashboard"),
+    ("multiprocessing", "Ray dashboard"),  # the dashboard head's helper processes
+    ("runtime_env_agent", "Ray runtime-env agent"),
+    ("RuntimeEnvAgent", "Ray runtime-env agent"),
+    ("log_monitor", "Ray monitors"),
+    ("monitor.py", "Ray monitors"),
+    ("default_worker", "Ray idle workers"),  # before "raylet": in its arguments
+    ("ray::", "Ray idle workers"),
+    ("gcs_server", "Ray GCS + raylet"),
+    ("raylet", "Ray GCS + raylet"),
+)
+
+
+def _proc_cpu(pid: int) -> tuple[float, str] | None:
+    """(user + system CPU seconds, command line) of ``pid``; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline") as f:
+            cmd = f.read().replace("\0", " ")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), cmd
+
+
+def _machine_busy() -> tuple[int, int]:
+    """(all, idle + iowait) jiffies of the machine since boot, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + v[4]
+
+
+def cpu_until_mark(
+    cmd: list[str], env: dict[str, str], timeline: Path, label: str, every_s: float = 0.1
+) -> tuple[float, float, int, str, dict[str, Any]]:
+    """:func:`timed_process`, also sampling ``/proc`` every ``every_s`` while it runs;
+    afterwards, from the sample last before the ``DPFL_TIMELINE`` mark ``label`` (the
+    marks are written at exit): the CPU seconds (user + system) the process and each
+    of its descendants had used since spawn, summed by role (:data:`CPU_ROLES`), and
+    the machine's busy core-seconds over the same span (every process, from
+    ``/proc/stat``). A process that exited before the mark keeps its last reading.
+    Linux only; the sampling itself costs about 1 % of a core."""
+    import subprocess
+    import tempfile
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from run_memory import descendants  # the process tree below a PID, from /proc
+
+    with tempfile.TemporaryFile("w+") as out:
+        busy0 = _machine_busy()
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=out, text=True)
+        samples: list[tuple[float, tuple[int, int], dict[int, tuple[float, str]]]] = []
+        while proc.poll() is None:
+            now = {}
+            for pid in descendants(proc.pid):
+                got = _proc_cpu(pid)
+                if got is not None:
+                    now[pid] = got
+            samples.append((time.time(), _machine_busy(), now))
+            time.sleep(every_s)
+        proc.wait()
+        t1 = time.time()
+        out.seek(0)
+        tail = out.read()[-3000:]
+    marks = read_timeline(timeline) if timeline.exists() else {}
+    t_mark = marks.get(label, math.nan)
+    before = [smp for smp in samples if smp[0] <= t_mark]
+    usage: dict[str, Any] = {"span_s": t_mark - t0, "samples": len(before)}
+    if not before:
+        return t0, t1, proc.returncode, tail, usage
+    seen: dict[int, tuple[float, str]] = {}
+    for _, _, now in before:  # each process's last reading and command line
+        for pid, (cpu, line) in now.items():
+            seen[pid] = (cpu, line or (seen[pid][1] if pid in seen else ""))
+    by_role: dict[str, float] = {}
+    for pid, (cpu, line) in seen.items():
+        role = "driver"
+        if pid != proc.pid:
+            role = next((r for key, r in CPU_ROLES if key in line), "other")
+        by_role[role] = by_role.get(role, 0.0) + cpu
+    busy1, hz = before[-1][1], os.sysconf("SC_CLK_TCK")
+    jiffies = busy1[0] - busy0[0]
+    usage.update(
+        span_s=before[-1][0] - t0,
+        by_role=dict(sorted(by_role.items(), key=lambda kv: -kv[1])),
+        total_cpu_s=sum(by_role.values()),
+        machine_busy_core_s=(jiffies - (busy1[1] - busy0[1])) / hz,
+        machine_core_s=jiffies / hz,
+    )
+    return t0, t1, proc.returncode, tail, usage
+
+
 def read_timeline(path: Path) -> dict[str, float]:
     """``DPFL_TIMELINE``'s marks (label → time.time()); a repeated label keeps its
     first time, except round and evaluation marks (the last)."""
@@ -966,7 +1073,7 @@ def run_w1_dpfl(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> di
         cmd += ["--set", o]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["DPFL_TIMELINE"] = str(timeline)
-    t0, t1, rc, tail = timed_process(cmd, env)
+    t0, t1, rc, tail, cpu = cpu_until_mark(cmd, env, timeline, "rounds start")
     if rc != 0:
         raise RuntimeError(f"dpfl run exited {rc}:\n{tail}")
     m = read_timeline(timeline)
@@ -1011,6 +1118,7 @@ def run_w1_dpfl(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> di
         # not on the path above: Ray's start in its thread, overlapping the imports,
         # the calibration and the data
         "concurrent": {"ray.init (own thread)": span("ray.init start", "ray.init done")},
+        "cpu_to_rounds": cpu,
         "marks": {k: v - t0 for k, v in sorted(m.items(), key=lambda kv: kv[1])},
         "client_updates": int(rows["realised_cohort_size_nonprivate"].sum()),
         "test_accuracy": float(rows["test_accuracy"].iloc[-1]),
@@ -1051,6 +1159,15 @@ def w1_main(args: argparse.Namespace) -> int:
                 flush=True,
             )
             print("    " + ", ".join(f"{k} {v:.2f}" for k, v in res["breakdown"].items()))
+            cpu = res.get("cpu_to_rounds")
+            if cpu and "by_role" in cpu:
+                print(
+                    f"    CPU from spawn to the rounds' start ({cpu['span_s']:.2f} s): "
+                    f"{cpu['total_cpu_s']:.2f} CPU-s in dpfl's processes ("
+                    + ", ".join(f"{k} {v:.2f}" for k, v in cpu["by_role"].items())
+                    + f"); the machine's cores busy {cpu['machine_busy_core_s']:.2f} of "
+                    f"{cpu['machine_core_s']:.2f} core-s"
+                )
             if res.get("concurrent"):
                 print(
                     "    overlapping the above: "

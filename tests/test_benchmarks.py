@@ -371,3 +371,27 @@ def test_run_memory_finds_every_descendant_and_its_peak() -> None:
         for pid in reversed(rm.descendants(child.pid)):
             os.kill(pid, 9)
         child.wait()
+
+
+def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> None:
+    """bench.py's CPU breakdown to a timeline mark: a grandchild's busy loop before the
+    mark is counted (by role), what runs after the mark is not, and the total never
+    exceeds what the machine's cores did over the same span."""
+    timeline = tmp_path / "timeline.jsonl"
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    code = (
+        "import json, subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {busy!r}])\n"
+        "mark = time.time()\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.8: pass\n"  # after the mark: not counted
+        f"open({str(timeline)!r}, 'w').write(json.dumps(['rounds start', mark]) + '\\n')\n"
+    )
+    t0, t1, rc, _tail, usage = _load_bench().cpu_until_mark(
+        [sys.executable, "-c", code], dict(os.environ), timeline, "rounds start", every_s=0.02
+    )
+    assert rc == 0 and usage["samples"] > 0
+    assert 0 < usage["span_s"] <= t1 - t0
+    assert usage["by_role"]["other"] >= 0.5  # the grandchild (a python -c)
+    assert usage["by_role"].get("driver", 0.0) < 0.5  # the child's own loop came after
+    assert usage["total_cpu_s"] <= usage["machine_busy_core_s"] + 0.1
