@@ -951,7 +951,12 @@ def _machine_busy() -> tuple[int, int]:
 
 
 def cpu_until_mark(
-    cmd: list[str], env: dict[str, str], timeline: Path, label: str, every_s: float = 0.1
+    cmd: list[str],
+    env: dict[str, str],
+    timeline: Path,
+    label: str,
+    every_s: float = 0.1,
+    stop_title: str | None = None,
 ) -> tuple[float, float, int, str, dict[str, Any]]:
     """:func:`timed_process`, also sampling ``/proc`` every ``every_s`` while it runs;
     afterwards, from the sample last before the ``DPFL_TIMELINE`` mark ``label`` (the
@@ -959,7 +964,9 @@ def cpu_until_mark(
     of its descendants had used since spawn, summed by role (:data:`CPU_ROLES`), and
     the machine's busy core-seconds over the same span (every process, from
     ``/proc/stat``). A process that exited before the mark keeps its last reading.
-    Linux only; the sampling itself costs about 1 % of a core."""
+    Sampling stops once a descendant's command line contains ``stop_title`` (a Ray
+    worker's title names the method it runs: something that happens only after the
+    mark), so that it does not compete with what follows. Linux only."""
     import subprocess
     import tempfile
 
@@ -973,13 +980,15 @@ def cpu_until_mark(
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=out, text=True)
         samples: list[tuple[float, tuple[int, int], dict[int, tuple[float, str]]]] = []
-        while proc.poll() is None:
+        sampling = True
+        while sampling and proc.poll() is None:
             now = {}
             for pid in descendants(proc.pid):
                 got = _proc_cpu(pid)
                 if got is not None:
                     now[pid] = got
             samples.append((time.time(), _machine_busy(), now))
+            sampling = stop_title is None or not any(stop_title in c for _, c in now.values())
             time.sleep(every_s)
         proc.wait()
         t1 = time.time()
@@ -1073,7 +1082,10 @@ def run_w1_dpfl(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> di
         cmd += ["--set", o]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["DPFL_TIMELINE"] = str(timeline)
-    t0, t1, rc, tail, cpu = cpu_until_mark(cmd, env, timeline, "rounds start")
+    # sampled until a client worker runs its first shard (its title names the method)
+    t0, t1, rc, tail, cpu = cpu_until_mark(
+        cmd, env, timeline, "rounds start", stop_title="train_shard"
+    )
     if rc != 0:
         raise RuntimeError(f"dpfl run exited {rc}:\n{tail}")
     m = read_timeline(timeline)

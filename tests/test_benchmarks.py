@@ -395,3 +395,15 @@ def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> Non
     assert usage["by_role"]["other"] >= 0.5  # the grandchild (a python -c)
     assert usage["by_role"].get("driver", 0.0) < 0.5  # the child's own loop came after
     assert usage["total_cpu_s"] <= usage["machine_busy_core_s"] + 0.1
+    # stop_title: sampling ends at the first sample whose command lines contain it
+    # (the grandchild's, whose code names process_time), long before the mark
+    timeline.unlink()
+    *_, early = _load_bench().cpu_until_mark(
+        [sys.executable, "-c", code],
+        dict(os.environ),
+        timeline,
+        "rounds start",
+        every_s=0.02,
+        stop_title="process_time",
+    )
+    assert 0 < early["samples"] < usage["samples"] / 2
