@@ -20,10 +20,10 @@ the command has returned (its results on disk) :func:`hand_off_at_exit` gives Ra
 processes to a detached helper (:mod:`engine.runtime.reaper`) and the process exits
 without waiting for them (1.2–1.8 s on 2 cores).
 
-Asking for the new node. A local start goes through :func:`_start_local`, which lets
-``ray.init`` ask for its node only once the GCS has it (:func:`_node_poll`): Ray's own
-wait retries once a second, and left ``ray.init`` idle for 0.5–1 s after the raylet
-had registered.
+Asking for the new node. Every ``ray.init`` goes through :func:`_init_ray`, which lets
+a local start ask for its node only once the GCS has it (:func:`_node_poll`): Ray's
+own wait retries once a second, and left ``ray.init`` idle for 0.5–1 s after the
+raylet had registered.
 
 What changes with an early start: nothing in the run. Ray is started with the same
 arguments; the driver's SIGTERM handler that Ray sets only from the main thread
@@ -97,7 +97,7 @@ def _attach_error(ray_cfg, address: str, e: BaseException) -> ConfigError:
     )
 
 
-#: How often :func:`_start_local` asks the GCS whether the new node has registered.
+#: How often a local start (:func:`_node_poll`) asks the GCS whether its node is there.
 NODE_POLL_S = 0.02
 
 
@@ -135,7 +135,7 @@ def _node_poll(original: Any) -> Any:
     return get_node
 
 
-def _start_local(kwargs: dict) -> Any:
+def _init_ray(kwargs: dict) -> Any:
     """``ray.init(**kwargs)``; for a local start, with :func:`_node_poll` in place of
     Ray's ``get_node`` for the duration of the call."""
     import ray
@@ -178,13 +178,12 @@ class _EarlyStart:
         self.thread = threading.Thread(target=self._start, name="dpfl-ray-start", daemon=True)
 
     def _start(self) -> None:
-
         worker_log = logging.getLogger("ray._private.worker")
         note = _NotMainThreadNote()
         worker_log.addFilter(note)
         try:
             timeline.mark("ray.init start")
-            self.context = _start_local(self.kwargs)
+            self.context = _init_ray(self.kwargs)
             timeline.mark("ray.init done")
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             self.error = e
@@ -333,7 +332,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     address = _attached(kwargs)
     try:
         timeline.mark("ray.init start")
-        context = _start_local(kwargs)
+        context = _init_ray(kwargs)
         timeline.mark("ray.init done")
     except (ConnectionError, RuntimeError, ValueError) as e:
         if address:

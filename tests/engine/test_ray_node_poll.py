@@ -102,7 +102,7 @@ def recording(address, node_id):
     return original(address, node_id)
 original = services.get_node
 services.get_node = recording
-ray_start._start_local(dict(address="local", num_cpus=1, include_dashboard=False,
+ray_start._init_ray(dict(address="local", num_cpus=1, include_dashboard=False,
                             configure_logging=False, log_to_driver=False))
 node = ray.get_runtime_context().get_node_id()
 ray.shutdown()
