@@ -140,9 +140,9 @@ def _init_ray(kwargs: dict) -> Any:
     Ray's ``get_node`` for the duration of the call."""
     import ray
 
-    services = getattr(getattr(ray, "_private", None), "services", None)
+    services: Any = getattr(getattr(ray, "_private", None), "services", None)
     original = getattr(services, "get_node", None)
-    if _attached(kwargs) is not None or original is None:
+    if _attached(kwargs) is not None or services is None or original is None:
         return ray.init(**kwargs)
     services.get_node = _node_poll(original)
     try:
