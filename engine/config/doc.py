@@ -111,6 +111,8 @@ KEY_HELP: dict[str, str] = {
     "ray.worker_device": "auto (the GPU Ray assigned, else CPU), cpu or cuda",
     "ray.server": "where the server runs: auto (driver on a one-node cluster, else actor), "
     "actor or driver; same results",
+    "ray.overlap_evaluation": "evaluate round t in each worker's second thread while round "
+    "t+1 trains (executor=ray); same results",
 }
 
 

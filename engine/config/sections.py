@@ -363,6 +363,8 @@ class RayConfig:
     gpu_packing: str = "fixed"  # fixed: num_gpus_per_worker; memory: measured workers/GPU
     worker_device: str = "auto"  # auto: the GPU Ray assigned, else CPU; cpu; cuda
     server: str = "auto"  # auto: driver on a one-node cluster, else actor; actor; driver
+    # evaluate round t in each worker's second thread while round t+1 trains
+    overlap_evaluation: bool = True
 
     def __post_init__(self) -> None:
         _check(

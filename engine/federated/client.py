@@ -19,6 +19,7 @@ client is trained.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,8 @@ class LocalSpec:
     device: str = "cpu"  # ray.worker_device: auto | cpu | cuda (see resolve_worker_device)
     gpu_share: float = 0.0  # this worker's Ray GPU fraction (sizes vectorised groups)
     secure: bool = False  # release mode: client-side noise from the OS CSPRNG
+    #: keep a second model for evaluations beside training (ray.overlap_evaluation)
+    apart_evaluation: bool = False
 
 
 @dataclass
@@ -193,6 +196,13 @@ class ClientWorker:
         # never per round.
         self.trainer = choose_trainer(self.one_by_one)
         self.timer: Any = OFF  # engine.telemetry.phases; a benchmark's PhaseTimer (set_timing)
+        #: A second model for evaluations that run beside training
+        #: (:meth:`evaluate_slice_apart`), copied here, before anything else runs. None
+        #: unless ``spec.apart_evaluation``, and for a model with buffers (state besides
+        #: its parameters, which training would change and the copy would not see).
+        self.apart_model: torch.nn.Module | None = None
+        if spec.apart_evaluation and not any(True for _ in model.buffers()):
+            self.apart_model = copy.deepcopy(model)
 
     def set_timing(self, on: bool) -> None:
         """Record this worker's phase times (``benchmarks/round_phases.py``) or stop."""
@@ -380,6 +390,27 @@ class ClientWorker:
         load_flat_(self.model, self._global_flat(global_weights))
         ds = self.dataset
         return evaluate_sums(self.model, ds.x_test[start:stop], ds.y_test[start:stop])
+
+    def evaluates_apart(self) -> bool:
+        """Whether :meth:`evaluate_slice_apart` can run (``LocalSpec.apart_evaluation``
+        and a model without buffers)."""
+        return self.apart_model is not None
+
+    @torch.no_grad()
+    def evaluate_slice_apart(
+        self, global_weights: np.ndarray, start: int, stop: int
+    ) -> tuple[int, float, int]:
+        """:meth:`evaluate_slice` on the apart model: the same sums bit for bit (same
+        architecture, weights, batches and order), touching nothing training uses —
+        the training model, its optimiser state, the random streams or the client
+        state — so it may run while this worker trains the next round."""
+        from engine.federated.evaluation import evaluate_sums
+
+        if self.apart_model is None:
+            raise RuntimeError("evaluate_slice_apart needs LocalSpec.apart_evaluation")
+        load_flat_(self.apart_model, self._global_flat(global_weights))
+        ds = self.dataset
+        return evaluate_sums(self.apart_model, ds.x_test[start:stop], ds.y_test[start:stop])
 
     def client_state(self) -> dict[int, np.ndarray]:
         """A checkpointable copy of this worker's per-client state."""

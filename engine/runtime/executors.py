@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -48,6 +48,10 @@ from engine.federated.server import ServerSpec, is_eval_round
 from engine.runtime.ray_start import ensure_ray  # noqa: F401 - the callers import it from here
 from engine.runtime.switches import QUIET_ENV  # noqa: F401 - tests read it from here
 from engine.telemetry import timeline
+
+_Played = TypeVar("_Played")
+#: ``release(row, checkpoint)``: :meth:`Executor.run_rounds` hands over a finished row
+Release = Callable[[dict, Callable[[], dict]], None]
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,14 @@ class WorkerPool(Protocol):
 
     def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]: ...
 
-    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list: ...
+    def train(
+        self,
+        rnd: int,
+        shards: list[np.ndarray],
+        weights: Any,
+        public: Any,
+        while_training: Callable[[], None] | None = None,
+    ) -> list: ...
 
     def finish_round(self, rnd: int, partials: list) -> dict: ...
 
@@ -103,35 +114,72 @@ class WorkerPool(Protocol):
 
     def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]: ...
 
-    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict: ...
+    #: whether :meth:`evaluate_behind` runs beside the next round's training
+    overlaps_evaluation: bool
+
+    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list: ...
+
+    def evaluation_sums(
+        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
+    ) -> list | None: ...
+
+    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played: ...
 
     def weights(self) -> np.ndarray: ...
 
-    def checkpoint(self) -> dict: ...
+    def checkpoint_handle(self) -> Any: ...
+
+    def checkpoint(self, handle: Any = None) -> dict: ...
 
     def restore(self, state: dict) -> None: ...
 
     def close(self) -> None: ...
 
 
-def play_round(pool: WorkerPool, rnd: int, plan: RoundPlan) -> dict:
+@dataclass
+class EvaluationBehind:
+    """Round ``rnd``'s evaluation, running beside the next round's training: the
+    weights evaluated and the pool's handles to the per-slice sums."""
+
+    rnd: int
+    weights: Any
+    refs: list
+
+
+def play_round(
+    pool: WorkerPool,
+    rnd: int,
+    plan: RoundPlan,
+    *,
+    while_training: Callable[[], None] | None = None,
+    evaluate_behind: bool = False,
+) -> tuple[dict, EvaluationBehind | None]:
     """One round on ``pool`` — the only place a round's steps are written.
 
     The cohort is sampled by the server, split into shards (public: which worker
     trains a client and the float64 summation order, never who takes part), trained,
     reduced, privatised and accounted by the server; then evaluated on evaluation
-    rounds. Returns the round's row.
+    rounds. Returns the round's row, and None; or, with ``evaluate_behind`` (a pool
+    that ``overlaps_evaluation``; never for personal heads, whose evaluation reads
+    client state), the row without its test metrics and the evaluation under way
+    (:meth:`Executor.run_rounds` completes the row). ``while_training`` is
+    called once the shards are dispatched, while they train.
     """
     timer = pool.timer
     with timer.phase("begin_round"):
         cohort, weights, public = pool.begin_round(rnd)
     with timer.phase("shard_split"):
         shards = shard_cohort(cohort, plan.num_shards, plan.costs)
-    partials = pool.train(rnd, shards, weights, public)
+    partials = pool.train(rnd, shards, weights, public, while_training)
     del weights, public
     with timer.phase("finish_round"):
         row = pool.finish_round(rnd, partials)
     evaluate = is_eval_round(rnd, plan.eval_every, plan.rounds)
+    if evaluate and evaluate_behind and plan.personal_clients is None:
+        with timer.phase("evaluation_dispatch"):
+            weights = pool.current_weights()
+            refs = pool.evaluate_behind(weights, plan.test_slices)
+            return row, EvaluationBehind(rnd, weights, refs)
     if evaluate:
         with timer.phase("evaluation"):
             timeline.mark("eval start")
@@ -146,7 +194,7 @@ def play_round(pool: WorkerPool, rnd: int, plan: RoundPlan) -> dict:
             correct = sum(c for c, _ in results)
             total = sum(t for _, t in results)
             row["personal_accuracy_nonprivate"] = correct / total if total else float("nan")
-    return row
+    return row, None
 
 
 class Executor:
@@ -164,9 +212,79 @@ class Executor:
         self.pool.set_timer(timer)
 
     def run_round(self, rnd: int) -> dict:
-        row = self.pool.attempt(rnd, lambda: play_round(self.pool, rnd, self.plan))
+        """Play round ``rnd`` and return its row, evaluation included."""
+        row, _ = self.pool.attempt(rnd, lambda: play_round(self.pool, rnd, self.plan))
         row["actor_retries_nonprivate"] = self.pool.retries
         return row
+
+    def run_rounds(self, start: int, stop: int, release: Release) -> None:
+        """Play rounds ``start .. stop - 1`` and hand each round's row, in round order,
+        to ``release(row, checkpoint)``, where ``checkpoint()`` returns the state after
+        that round (:meth:`checkpoint`), also when called later.
+
+        A pool that ``overlaps_evaluation`` (the Ray pool) evaluates round t in its
+        workers' second thread while round t+1 trains: round t's row is held, its
+        checkpoint taken as references before round t+1 begins, and once round t+1's
+        shards are dispatched the evaluation's sums are awaited and the row released —
+        so ``release`` (the checkpoint file, the Parquet row, Tune's report) also runs
+        beside round t+1's training. The values are those of :meth:`run_round`, bit for
+        bit: the evaluation reads round t's weights and the public test set, on a copy
+        of the model, in the same slices and order. The last round is evaluated before
+        it returns. Other pools play :meth:`run_round` round by round.
+
+        A failure stops the run with round t's row unreleased: its checkpoint is not
+        written either, so a resume computes round t again, with the same values.
+        """
+        pool = self.pool
+        if not pool.overlaps_evaluation:
+            for rnd in range(start, stop):
+                row = self.run_round(rnd)
+                release(row, pool.checkpoint)
+            return
+        held: list[tuple[dict, EvaluationBehind, Any]] = []
+
+        def checkpoint_of(handle: Any) -> Callable[[], dict]:
+            return lambda: pool.checkpoint(handle)
+
+        def release_held(recover: bool) -> None:
+            """Complete and release the held row, if its sums are in (``recover``:
+            evaluate again what a lost worker did not finish)."""
+            if not held:
+                return
+            row, behind, handle = held[0]
+            with pool.timer.phase("evaluation_wait"):
+                sums = pool.evaluation_sums(
+                    behind.rnd, behind.refs, behind.weights, self.plan.test_slices, recover
+                )
+            if sums is None:  # a worker was lost: the round's own recovery runs first
+                return
+            held.clear()
+            row["test_accuracy"], row["test_loss"] = combine_sums(sums)
+            release(row, checkpoint_of(handle))
+
+        def beside_training() -> None:
+            release_held(recover=False)
+
+        for rnd in range(start, stop):
+
+            def play(rnd: int = rnd) -> tuple[dict, EvaluationBehind | None]:
+                return play_round(
+                    pool,
+                    rnd,
+                    self.plan,
+                    while_training=beside_training,
+                    evaluate_behind=rnd + 1 < stop,
+                )
+
+            row, behind = pool.attempt(rnd, play)
+            row["actor_retries_nonprivate"] = pool.retries
+            release_held(recover=True)  # when a lost worker kept it from the round
+            handle = pool.checkpoint_handle()
+            if behind is None:
+                release(row, checkpoint_of(handle))
+            else:
+                held.append((row, behind, handle))
+        release_held(recover=True)
 
     def weights(self) -> np.ndarray:
         return self.pool.weights()

@@ -4,7 +4,7 @@ shards trained one after another — the reference the Ray pool must equal."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -13,6 +13,8 @@ from engine.federated.client import ClientWorker, LocalSpec
 from engine.federated.server import Server, ServerSpec
 from engine.runtime.executors import Executor, round_plan
 from engine.telemetry.phases import OFF
+
+_Played = TypeVar("_Played")
 
 
 def local_executor(
@@ -41,12 +43,21 @@ class InProcessPool:
     def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
         return self.server.begin_round(rnd)
 
-    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
+    def train(
+        self,
+        rnd: int,
+        shards: list[np.ndarray],
+        weights: Any,
+        public: Any,
+        while_training: Callable[[], None] | None = None,
+    ) -> list:
         # The round's noise depends on no client data (Server.prefetch_noise): the
         # server draws it in its own thread while the shards train in this one, the
         # same values from the same stream (the previous round already started it,
         # except for the first round); finish_round waits for it and adds it once.
         self.server.prefetch_noise(rnd)
+        if while_training is not None:  # nothing trains beside it here: before the shards
+            while_training()
         with self.timer.phase("train_shards"):
             return [self.worker.train_shard(weights, rnd, shard, public) for shard in shards]
 
@@ -59,16 +70,30 @@ class InProcessPool:
     def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
         return [self.worker.evaluate_slice(weights, a, b) for a, b in slices]
 
+    #: nothing runs beside the round loop in one process
+    overlaps_evaluation = False
+
+    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        return self.evaluate(weights, slices)  # in one process: now, the sums themselves
+
+    def evaluation_sums(
+        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
+    ) -> list | None:
+        return refs
+
     def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
         return [self.worker.personal_eval(weights, c) for c in clients]
 
-    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict:
+    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played:
         return play()
 
     def weights(self) -> np.ndarray:
         return self.server.get_weights()
 
-    def checkpoint(self) -> dict:
+    def checkpoint_handle(self) -> None:
+        return None  # nothing runs beside the loop here: checkpoint() reads the state now
+
+    def checkpoint(self, handle: None = None) -> dict:
         return {"server": self.server.state_dict(), "clients": self.worker.client_state()}
 
     def restore(self, state: dict) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from engine.telemetry import timeline
 from engine.telemetry.phases import OFF
 
 ACTOR_START_TIMEOUT_S = 180.0
+_Played = TypeVar("_Played")
+#: The client workers' second concurrency group: evaluations beside training.
+EVAL_GROUP = "eval"
 
 
 def ray_executor(
@@ -94,12 +97,23 @@ class RayWorkerPool:
             print(f"dpfl: GPU packing {self.gpu_plan}", file=sys.stderr)
         if gpus > 0:  # vectorised groups are sized for this share of the GPU
             local_spec = dataclasses.replace(local_spec, gpu_share=float(gpus))
+        self.personal = local_spec.pipeline.personal is not None
+        # Evaluation of round t beside round t+1's training (Executor.run_rounds): not
+        # for personal heads, whose evaluation reads the client state that the next
+        # round changes.
+        apart = bool(ray_cfg.overlap_evaluation) and not self.personal
+        if apart:  # each worker keeps a second model for it
+            local_spec = dataclasses.replace(local_spec, apart_evaluation=True)
         # On one machine the examples go by reference when they live in shared memory
         # (engine.data.shared): written once, not copied into the object store while
         # the driver still holds them (issue 30: 2.43 x the data in the driver).
         with by_reference(single_machine(ray_cfg.address)):
             data_ref = ray.put(dataset)
-        worker_cls = ray.remote(ClientWorker)
+        # One thread trains (the default group, max_concurrency=1: shards in order);
+        # evaluations beside training run in a second (EVAL_GROUP) on their own model.
+        worker_cls = ray.remote(concurrency_groups={EVAL_GROUP: 1})(  # type: ignore[call-overload]
+            ClientWorker
+        )
         server_cls = ray.remote(Server)
         # Ray actor handles: their methods are called as .remote(), which mypy cannot see
         self.workers: list[Any] = [
@@ -126,7 +140,6 @@ class RayWorkerPool:
         # Kept for the executor's lifetime: a restarting actor re-reads its constructor
         # arguments from the object store.
         self._data_ref: Any = data_ref
-        self.personal = local_spec.pipeline.personal is not None
         self.retries = 0  # actor losses survived so far
         self.retry_seconds = 0.0  # wall time spent re-running lost work
         self.timer: Any = OFF
@@ -145,6 +158,10 @@ class RayWorkerPool:
         try:  # a constructor that raised (e.g. no usable GPU) surfaces here
             ray.get(ready)
             self.worker_devices = ray.get([w.device_name.remote() for w in self.workers])
+            #: whether evaluations run beside the next round's training (EVAL_GROUP)
+            self.overlaps_evaluation = apart and all(
+                ray.get([w.evaluates_apart.remote() for w in self.workers])
+            )
         except Exception:
             self.close()  # free the actor names for the next attempt in this Ray session
             raise
@@ -228,8 +245,16 @@ class RayWorkerPool:
         )
         return self._ray.get(cohort_ref), weights_ref, public_ref
 
-    def train(self, rnd: int, shards: list[np.ndarray], weights: Any, public: Any) -> list:
-        """Partial-sum refs of every shard; a dead worker's shard is re-run (only it)."""
+    def train(
+        self,
+        rnd: int,
+        shards: list[np.ndarray],
+        weights: Any,
+        public: Any,
+        while_training: Callable[[], None] | None = None,
+    ) -> list:
+        """Partial-sum refs of every shard; a dead worker's shard is re-run (only it).
+        ``while_training()`` runs once the shards are dispatched, before the wait."""
         ray = self._ray
         from ray.exceptions import RayActorError
 
@@ -247,6 +272,9 @@ class RayWorkerPool:
         # finish_round), instead of after the last partial sum has arrived.
         t_wait = time.perf_counter()
         self.server.prefetch_noise.remote(rnd)
+        if while_training is not None:
+            while_training()
+            t_wait = time.perf_counter()
         partials = [r[0] for r in refs]
         pending = {i: refs[i][1] for i in range(len(refs))}
         while pending:
@@ -282,13 +310,63 @@ class RayWorkerPool:
             ]
         )
 
+    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        """Start evaluating ``weights`` in the workers' :data:`EVAL_GROUP` thread, on
+        their apart models, without waiting: references, one per slice, for
+        :meth:`evaluation_sums`. The next round's shards train meanwhile."""
+        k = len(self.workers)
+        return [
+            self.workers[i % k]
+            .evaluate_slice_apart.options(concurrency_group=EVAL_GROUP)
+            .remote(weights, a, b)
+            for i, (a, b) in enumerate(slices)
+        ]
+
+    def evaluation_sums(
+        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
+    ) -> list | None:
+        """The sums of :meth:`evaluate_behind`'s ``refs`` (round ``rnd``'s model). When
+        a worker died before its slice was done: None if not ``recover`` (the caller
+        retries once the round's own recovery has run), else the slice is evaluated
+        again on the restarted worker (an evaluation reads only the weights and the
+        public test set). Raises :class:`WorkerLostError` when the worker does not come
+        back."""
+        ray = self._ray
+        from ray.exceptions import RayActorError
+
+        k = len(self.workers)
+        sums: list = [None] * len(refs)
+        for i, ref in enumerate(refs):
+            for _ in range(self.max_restarts + 1):
+                try:
+                    sums[i] = ray.get(ref)
+                    break
+                except RayActorError:
+                    if not recover:
+                        return None
+                    what = f"{self.run_name}:client-worker-{i % k}"
+                    self._await_restart(self.workers[i % k], what, rnd)
+                    a, b = slices[i]
+                    ref = (
+                        self.workers[i % k]
+                        .evaluate_slice_apart.options(concurrency_group=EVAL_GROUP)
+                        .remote(weights, a, b)
+                    )
+            else:
+                raise WorkerLostError(
+                    f"round {rnd + 1}: {self.run_name}:client-worker-{i % k} died "
+                    f"{self.max_restarts + 1} times while it evaluated test slice "
+                    f"{slices[i]}; stopping. The {rnd} completed rounds are intact."
+                )
+        return sums
+
     def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
         k = len(self.workers)
         return self._ray.get(
             [self.workers[i % k].personal_eval.remote(weights, c) for i, c in enumerate(clients)]
         )
 
-    def attempt(self, rnd: int, play: Callable[[], dict]) -> dict:
+    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played:
         """``play()`` the round; when an actor dies, restart what was lost (see the
         class docstring) and play it again. Saves the round checkpoint after it."""
         from ray.exceptions import RayActorError
@@ -313,14 +391,21 @@ class RayWorkerPool:
     def weights(self) -> np.ndarray:
         return np.array(self._ray.get(self.server.get_weights.remote()))
 
-    def checkpoint(self) -> dict:
-        """The round checkpoint the executor already holds (state after the last round)."""
+    def checkpoint_handle(self) -> tuple[Any, list]:
+        """References to the state after the last round: the round checkpoint's, and
+        the workers' client state asked for now, so before any later round's shard.
+        :meth:`checkpoint` reads them, also once the next round is under way."""
+        clients = self._ckpt_clients or [w.client_state.remote() for w in self.workers]
+        return self._ckpt_server, clients
+
+    def checkpoint(self, handle: tuple[Any, list] | None = None) -> dict:
+        """The checkpoint behind ``handle`` (:meth:`checkpoint_handle`; default: now)."""
         ray = self._ray
-        client_refs = self._ckpt_clients or [w.client_state.remote() for w in self.workers]
+        server_ref, client_refs = handle if handle is not None else self.checkpoint_handle()
         clients: dict = {}
         for part in ray.get(client_refs):
             clients.update(part)
-        return {"server": ray.get(self._ckpt_server), "clients": clients}
+        return {"server": ray.get(server_ref), "clients": clients}
 
     def restore(self, state: dict) -> None:
         ray = self._ray

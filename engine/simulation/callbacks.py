@@ -54,12 +54,15 @@ class RoundState:
     """What a callback sees of the run besides the row."""
 
     executor: Executor
-    #: ``time.perf_counter()`` when the round started (NaN for a replayed row)
+    #: ``time.perf_counter()`` when the round started, or the previous row was released
+    #: if later (NaN for a replayed row)
     started: float = math.nan
     #: the latest evaluated test accuracy (NaN before the first evaluation)
     last_accuracy: float = math.nan
     #: the row is the copy a checkpoint holds, released on resume (not computed now)
     replayed: bool = False
+    #: the state after the row's round (``Executor.run_rounds``; None: the executor's now)
+    checkpoint: Callable[[], dict] | None = None
 
 
 class RoundCallback(Protocol):
@@ -88,7 +91,8 @@ class Checkpoint:
         None for a replayed row, whose checkpoint is already on disk."""
         if state.replayed:
             return None
-        return {**state.executor.checkpoint(), "row": dict(row)}
+        taken = state.checkpoint() if state.checkpoint is not None else state.executor.checkpoint()
+        return {**taken, "row": dict(row)}
 
     def write(self, checkpoint: dict, row: Row) -> None:
         """``checkpoint.pkl`` (if ``out_dir``), then the caller's ``on_checkpoint``."""

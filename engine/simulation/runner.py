@@ -198,18 +198,23 @@ def simulate(
             replay = RoundState(executor, replayed=True)
             for callback in callbacks:
                 callback.on_round(dict(pending), replay)
-        state = RoundState(executor)
-        for rnd in range(start, config.rounds):
-            state.started = time.perf_counter()
-            row = executor.run_round(rnd)
-            timeline.mark(f"round {rnd + 1}")
+        state = RoundState(executor, started=time.perf_counter())
+
+        def release(row: dict, checkpoint: Callable[[], dict]) -> None:
+            """A finished round, in round order (``Executor.run_rounds``): with the Ray
+            executor possibly while the next round trains."""
+            timeline.mark(f"round {row['round']}")
             row.update(static)
             row["wall_time_s_nonprivate"] = time.perf_counter() - t0
             if not math.isnan(row["test_accuracy"]):
                 state.last_accuracy = row["test_accuracy"]
             rows.append(row)
+            state.checkpoint = checkpoint
             for callback in callbacks:
                 callback.on_round(row, state)
+            state.started = time.perf_counter()
+
+        executor.run_rounds(start, config.rounds, release)
         weights = executor.weights()
     finally:
         timeline.mark("closing")
