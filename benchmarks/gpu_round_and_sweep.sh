@@ -3,14 +3,14 @@
 # important first: the seeded noise draw (block streams against torch's generator) on
 # the host's CPU; where a round's time goes through Ray and in process (the cifar10_pfl
 # cnn and resnet18_gn, one worker, groups auto) with the checkpoint and row written
-# behind the next round (dpfl run's path) and in line (a Tune trial's path); the same
-# through Ray with the code before the block streams when OLD names its checkout (A/B
-# on one machine); sweep throughput of 1/2/4/8 concurrent cnn trials on the one GPU;
-# the GPU tests; the server's ceiling; the cifar10_pfl workload's steady clients/s
-# through Ray. Every step has its own time limit (their sum stays under 9 minutes) and
-# prints raw output, also copied to $OUT/<step>.log when OUT is set. Run from the
-# repository root with Ray and dp-accounting importable:
-#   [OLD=path/to/old/checkout] bash benchmarks/gpu_round_and_sweep.sh
+# behind the next round (dpfl run's path) and in line (a Tune trial's path); the
+# evaluation beside the next round's training, on and off (cifar10_pfl, every round
+# evaluated); sweep throughput of 1/2/4/8 concurrent cnn trials on the one GPU; the
+# GPU tests; the server's ceiling; the cifar10_pfl workload's steady clients/s through
+# Ray. Every step has its own time limit (their sum stays under 9 minutes) and prints
+# raw output, also copied to $OUT/<step>.log when OUT is set. Run from the repository
+# root with Ray and dp-accounting importable:
+#   bash benchmarks/gpu_round_and_sweep.sh
 set -u
 export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu_round_and_sweep}
@@ -43,10 +43,8 @@ print("NOISE_THREADS here:", rng.NOISE_THREADS)
 PY
 step phases 150 python benchmarks/round_phases.py --workload cifar10_pfl resnet18_gn \
   --rounds 6 --workers 1 --writes background sync
-if [ -n "${OLD:-}" ]; then
-  step phases_old 70 bash -c "cd '$OLD' && PYTHONPATH='$OLD':\${PYTHONPATH:-} python benchmarks/round_phases.py \
-    --workload cifar10_pfl resnet18_gn --executor ray --rounds 6 --workers 1 --writes sync"
-fi
+step eval_overlap 90 python benchmarks/eval_overlap.py --workload cifar10_pfl --workers 1 \
+  --rounds 12 --every 1 --pairs 2
 step sweep 130 python benchmarks/sweep_gpu.py --trials 1 2 4 8 --rounds 60
 step gputests 60 python -m pytest -q -m gpu -rA -p no:cacheprovider tests
 step ceiling 35 python benchmarks/server_ceiling.py --rounds 3

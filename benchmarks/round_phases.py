@@ -14,7 +14,10 @@ timer only reads the clock. Printed, per round and as the mean of rounds 2..N:
 * driver: ``begin_round`` (the server samples the cohort and hands out the weights),
   ``shard_split``, ``dispatch`` (submitting the shards), ``train_wait`` (the driver
   waits for the slowest shard), ``finish_round`` (moving the partial sums to the server,
-  ``reduce``, ``noise_draw`` when not drawn ahead, ``server_update``), ``evaluation``,
+  ``reduce``, ``noise_draw`` when not drawn ahead, ``server_update``), ``evaluation``
+  (or, evaluated beside the next round, ``evaluation_dispatch`` and, inside the next
+  round, ``evaluation_wait``: only with ``eval.every`` below the rounds; here the
+  workload evaluates the last round, before the run ends),
   ``round_checkpoint_refs`` (Ray's in-memory round checkpoint), ``checkpoint_state``
   (``Checkpoint.take``: the state gathered and copied, on the loop's thread in both
   modes) and, with ``--writes sync`` only, ``checkpoint_file`` and ``parquet_row``;
@@ -99,6 +102,8 @@ DRIVER_PHASES = [
     "train_shards",
     "finish_round",
     "evaluation",
+    "evaluation_dispatch",
+    "evaluation_wait",
     "round_checkpoint_refs",
     "checkpoint_state",
 ]

@@ -407,3 +407,26 @@ def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> Non
         stop_title="process_time",
     )
     assert 0 < early["samples"] < usage["samples"] / 2
+
+
+EVAL_OVERLAP = REPO / "benchmarks" / "eval_overlap.py"
+
+
+def test_eval_overlap_benchmark_compares_bit_identical_runs(tmp_path: Path) -> None:
+    """Its smoke run: the overlapped run is the overlapped path (the pool says so),
+    equals the unoverlapped one bit for bit, and both evaluated every round."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    cmd = [sys.executable, str(EVAL_OVERLAP), "--quick", "--workers", "1", "--pairs", "1"]
+    cmd += ["--rounds", "3"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "workers 1 pair 1: same weights and rows: True" in proc.stdout
+    assert "all pairs bit-identical: True" in proc.stdout
+    for mode in ("off", "on "):
+        line = next(x for x in proc.stdout.splitlines() if f"overlap {mode}:" in x)
+        evaluation = float(line.split("evaluation ")[1].split(" s")[0])
+        waited = float(line.split("behind ")[1].split(" s")[0])
+        # both evaluate on the loop's path (on: the last round only); only the
+        # overlapped run waits for sums computed beside a round
+        assert evaluation > 0 and (waited > 0) == (mode == "on ")

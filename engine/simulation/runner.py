@@ -125,7 +125,10 @@ def simulate(
             ``simulate`` also holds its round's row, released here if it was not yet.
         on_round: Called after every round with the row and the executor: the
             release of the round (after its checkpoint and its Parquet row; the
-            callbacks' order is in :mod:`engine.simulation.callbacks`).
+            callbacks' order is in :mod:`engine.simulation.callbacks`). Rounds are
+            released in order; with the Ray executor's ``ray.overlap_evaluation`` an
+            evaluated round's release runs while the next round trains
+            (:meth:`engine.runtime.executors.Executor.run_rounds`).
         on_checkpoint: Called after every round, *before* the round is released, with
             the checkpoint (``Executor.checkpoint()`` plus ``"row"``) and the row; a
             caller that persists checkpoints itself (Tune) does it here, so that a
