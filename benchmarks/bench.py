@@ -311,6 +311,23 @@ WORKLOADS: dict[str, Workload] = {
 RESNET_CPU = {"num_clients": 20, "mean_samples": 24, "rate": 0.25, "rounds": 2, "test_size": 200}
 
 
+def workload_for(
+    name: str, cuda: bool, quick: bool = False, rounds: int | None = None
+) -> tuple[Workload, bool]:
+    """Workload ``name`` as a benchmark runs it, and whether it uses the GPU: a GPU
+    workload without CUDA at its small CPU sizes (:data:`RESNET_CPU`), ``quick``'s
+    tiny sizes (:func:`quick_variant`), then ``rounds`` when given."""
+    w = WORKLOADS[name]
+    gpu = w.gpu and cuda
+    if w.gpu and not cuda:
+        w = dataclasses.replace(w, **RESNET_CPU)
+    if quick:
+        w = quick_variant(w)
+    if rounds is not None:
+        w = dataclasses.replace(w, rounds=rounds)
+    return w, gpu
+
+
 def quick_variant(w: Workload) -> Workload:
     """Tiny sizes for CI (seconds per side on 2 cores). The noise multiplier is lowered
     to 0.3 (in both sides) so that four rounds visibly learn."""

@@ -112,13 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     cuda = torch.cuda.is_available()
-    w = bench.WORKLOADS[args.workload]
-    gpu = w.gpu and cuda
-    if w.gpu and not cuda:
-        w = dataclasses.replace(w, **bench.RESNET_CPU)
-    if args.quick:
-        w = bench.quick_variant(w)
-    w = dataclasses.replace(w, rounds=args.rounds)
+    w, gpu = bench.workload_for(args.workload, cuda, args.quick, args.rounds)
     if args.test_size is not None:
         w = dataclasses.replace(w, test_size=args.test_size)
     ds = bench.make_dataset(w)

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import statistics
 import sys
@@ -402,13 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False)
     try:
         for name in args.workload:
-            w = bench.WORKLOADS[name]
-            gpu = w.gpu and cuda
-            if w.gpu and not cuda:
-                w = dataclasses.replace(w, **bench.RESNET_CPU)
-            if args.quick:
-                w = bench.quick_variant(w)
-            w = dataclasses.replace(w, rounds=args.rounds)
+            w, gpu = bench.workload_for(name, cuda, args.quick, args.rounds)
             ds = bench.make_dataset(w)
             for ex in args.executor:
                 for writes in args.writes:
