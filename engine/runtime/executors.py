@@ -241,7 +241,7 @@ class Executor:
                 row = self.run_round(rnd)
                 release(row, pool.checkpoint)
             return
-        held: list[tuple[dict, EvaluationBehind, Any]] = []
+        held: tuple[dict, EvaluationBehind, Any] | None = None  # a row, its sums, its state
 
         def checkpoint_of(handle: Any) -> Callable[[], dict]:
             return lambda: pool.checkpoint(handle)
@@ -249,16 +249,17 @@ class Executor:
         def release_held(recover: bool) -> None:
             """Complete and release the held row, if its sums are in (``recover``:
             evaluate again what a lost worker did not finish)."""
-            if not held:
+            nonlocal held
+            if held is None:
                 return
-            row, behind, handle = held[0]
+            row, behind, handle = held
             with pool.timer.phase("evaluation_wait"):
                 sums = pool.evaluation_sums(
                     behind.rnd, behind.refs, behind.weights, self.plan.test_slices, recover
                 )
             if sums is None:  # a worker was lost: the round's own recovery runs first
                 return
-            held.clear()
+            held = None
             row["test_accuracy"], row["test_loss"] = combine_sums(sums)
             release(row, checkpoint_of(handle))
 
@@ -283,7 +284,7 @@ class Executor:
             if behind is None:
                 release(row, checkpoint_of(handle))
             else:
-                held.append((row, behind, handle))
+                held = (row, behind, handle)
         release_held(recover=True)
 
     def weights(self) -> np.ndarray:

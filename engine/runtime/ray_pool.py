@@ -392,11 +392,11 @@ class RayWorkerPool:
         return np.array(self._ray.get(self.server.get_weights.remote()))
 
     def checkpoint_handle(self) -> tuple[Any, list]:
-        """References to the state after the last round: the round checkpoint's, and
-        the workers' client state asked for now, so before any later round's shard.
-        :meth:`checkpoint` reads them, also once the next round is under way."""
-        clients = self._ckpt_clients or [w.client_state.remote() for w in self.workers]
-        return self._ckpt_server, clients
+        """References to the state after the last round, the round checkpoint's:
+        :meth:`checkpoint` reads them, also once the next round is under way. Only
+        personal heads are client state (``OneByOneTrainer`` stores nothing else), so
+        without them no worker is asked for its (empty) store."""
+        return self._ckpt_server, self._ckpt_clients or []
 
     def checkpoint(self, handle: tuple[Any, list] | None = None) -> dict:
         """The checkpoint behind ``handle`` (:meth:`checkpoint_handle`; default: now)."""
