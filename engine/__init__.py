@@ -12,11 +12,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from engine.config import RunConfig, load_config  # noqa: F401
     from engine.simulation import SimulationResult
 
 __all__ = ["calibrate_delta", "calibrate_noise", "epsilon", "load_config", "simulate", "RunConfig"]
 
-from engine.config import RunConfig, load_config
+
+def __getattr__(name: str) -> Any:
+    """``RunConfig`` and ``load_config`` on first use (PEP 562), so that importing any
+    ``engine.*`` module, which runs this package's code first, does not import
+    ``engine.config`` (which imports ``algorithms``, whose modules import
+    ``engine.base``: importing ``algorithms.compose`` alone was a cycle)."""
+    if name in ("RunConfig", "load_config"):
+        import engine.config as config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
 def simulate(config: RunConfig, **kwargs: Any) -> SimulationResult:

@@ -152,3 +152,94 @@ def test_dpfl_packages_have_no_cycles() -> None:
         packages[package(a)] |= {package(b) for b in bs if package(b) != package(a)}
     assert {"engine", "engine.privacy", "algorithms.pieces"} <= set(packages)
     assert cycles(packages) == []
+
+
+def import_time_graph() -> dict[str, set[str]]:
+    """Module -> the dpfl modules that run while it is imported: its top-level imports
+    (not those inside functions, which run later) and, for each imported ``a.b.c``, the
+    parent packages ``a`` and ``a.b``, whose ``__init__`` Python runs first, except the
+    module's own parents: those began before its body did (imported first, a module's
+    package runs first and imports it from there, if it does, completely). A cycle
+    here is an ``ImportError`` ("partially initialized module") for a module of the
+    cycle imported first."""
+    mods = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+
+    def with_parents(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(mods)
+
+    for m, path in mods.items():
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # top level only; if/try blocks at top level too
+            nodes = [node] if not isinstance(node, (ast.If, ast.Try)) else list(ast.walk(node))
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            for n in nodes:
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    continue
+                if isinstance(n, ast.Import):
+                    names = [a.name for a in n.names]
+                elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                    subs = [f"{n.module}.{a.name}" for a in n.names]
+                    names = [s for s in subs if s in mods] + [n.module]
+                else:
+                    continue
+                for name in names:
+                    edges[m] |= with_parents(name) - with_parents(m)
+    return edges
+
+
+def test_import_time_graph_sees_a_parent_package_cycle() -> None:
+    """The cycle issue 43 found: ``algorithms.compose`` imported ``engine.base.errors``,
+    which runs ``engine/__init__``, which imported ``engine.config``, which imports
+    ``algorithms.compose``. With the parents' edges the checker sees it."""
+    edges = {
+        "algorithms": set(),
+        "algorithms.compose": {"algorithms", "engine", "engine.base", "engine.base.errors"},
+        "engine": {"engine.config"},
+        "engine.base": {"engine"},
+        "engine.base.errors": {"engine", "engine.base"},
+        "engine.config": {"engine", "algorithms", "algorithms.compose"},
+    }
+    assert cycles(edges) == [
+        ["algorithms.compose", "engine", "engine.base", "engine.base.errors", "engine.config"]
+    ]
+
+
+def test_dpfl_has_no_import_time_cycles() -> None:
+    """No chain of imports that run at import time (parent packages included) leads
+    back to where it started, so any module imports first in a fresh interpreter."""
+    edges = import_time_graph()
+    assert "engine" in edges["algorithms.compose"]  # parents of what it imports are edges
+    assert cycles(edges) == []
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    """``python -c "import M"`` for every dpfl module M: one interpreter imports each
+    module after forgetting every dpfl module imported before (third-party packages
+    such as torch stay loaded, which changes nothing about dpfl's own import order),
+    so M is the first dpfl module imported, as in a fresh interpreter."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib, json, sys, traceback\n"
+        f"names = {sorted(_modules())!r}\n"
+        f"roots = {PACKAGES!r}\n"
+        "bad = {}\n"
+        "for name in names:\n"
+        "    for m in [m for m in sys.modules if m.split('.')[0] in roots]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as err:\n"
+        "        bad[name] = f'{type(err).__name__}: {err}'\n"
+        "print(json.dumps(bad))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {}
