@@ -25,6 +25,17 @@ pinned keys and checks the record is the same, proving that the pins are the def
 the code that generated the file; it passed at 1f4e86f, and fails by design since
 issue 28 changed two defaults (the pins keep the cases on their 1f4e86f settings).
 
+``golden_weights.npz`` (every case's final weights, float32, which the test compares to
+tolerance) and ``golden_weights.json`` (its provenance: commit, CPU, this machine's
+hashes next to ``golden.json``'s, the columns' drift) were written with
+``--weights-only`` from the same pristine checkout of 3d6e454, on a 2-core AMD EPYC
+(AVX2): its records differ from ``golden.json``'s (frozen on another CPU) only within the
+test's tolerances, which that option checks before writing::
+
+    PYTHONPATH=/tmp/golden_base python /work/main/tests/golden/generate.py \\
+        --out /work/main/tests/golden/golden.json --expect-base /tmp/golden_base \\
+        --weights-only
+
 Regenerate only when a change is *meant* to alter results (a new default, a bug fix that
 changes the numbers), from the commit that makes that change, and say so in its commit
 message; a refactor or a performance change must pass ``test_golden.py`` unchanged.
@@ -114,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run each case without its pinned keys and require the same record",
     )
     parser.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="write only golden_weights.npz and golden_weights.json beside --out, after "
+        "checking every case's record against --out's to tolerance",
+    )
+    parser.add_argument(
         "--expect-base",
         default=None,
         help="fail unless engine (and Ray workers' engine) is imported from under this path",
@@ -135,16 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in gc.CASES if not only or c.name in only]
     ray = None
     records: dict[str, Any] = {}
+    weights_by_case: dict[str, Any] = {}
     t_all = time.perf_counter()
     try:
         for case in cases:
             if case.kind == "ray" and ray is None:
                 ray = _start_ray(args.expect_base)
             t0, c0 = time.perf_counter(), time.process_time()
-            rec = gc.run_case(case)
+            rec, weights = gc.split_weights(gc.run_case(case))
+            weights_by_case[case.name] = weights
             took, cpu = time.perf_counter() - t0, time.process_time() - c0
             if args.check_pins:
-                unpinned = gc.run_case(case, [f"algorithm={case.algorithm}", *case.settings])
+                unpinned, _ = gc.split_weights(
+                    gc.run_case(case, [f"algorithm={case.algorithm}", *case.settings])
+                )
                 diff = gc.first_difference(rec, unpinned)
                 if diff is not None:
                     raise SystemExit(f"{case.name}: a pin is not today's default: {diff}")
@@ -168,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if ray is not None:
             ray.shutdown()
     base = Path(engine.__file__).resolve().parent.parent
+    if args.weights_only:
+        return _write_weights(gc, Path(args.out), records, weights_by_case, _commit(base))
     payload = {
         "generated_from_commit": _commit(base),
         "generated_by": "tests/golden/generate.py",
@@ -189,6 +212,56 @@ def main(argv: list[str] | None = None) -> int:
         f"load {os.getloadavg()[0]:.2f}",
         flush=True,
     )
+    return 0
+
+
+def _cpu() -> dict[str, Any]:
+    """The CPU's model name and the vector extensions its float kernels can use."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))
+    return {"model": model, "isa": isa}
+
+
+def _write_weights(
+    gc: Any, out: Path, records: dict[str, Any], weights: dict[str, Any], commit: str
+) -> int:
+    """Write the cases' final weights (``golden_weights.npz``, float32) and where they
+    came from (``golden_weights.json``), after checking each case's record against the
+    frozen one in ``out`` to the test's tolerances: the weights are frozen only beside
+    columns that agree with ``golden.json``."""
+    import numpy
+    import torch
+
+    frozen = json.loads(out.read_text())["cases"]
+    bad = {n: gc.tolerance_differences(frozen[n], r) for n, r in records.items()}
+    bad = {n: d for n, d in bad.items() if d}
+    if bad:
+        raise SystemExit(f"records differ from {out} beyond tolerance: {bad}")
+    drift: dict[str, float] = {}
+    for n, r in records.items():
+        for c, v in gc.column_drift(frozen[n], r).items():
+            drift[c] = max(drift.get(c, 0.0), v)
+    npz = out.with_name("golden_weights.npz")
+    numpy.savez_compressed(npz, **weights)
+    manifest = {
+        "generated_from_commit": commit,
+        "generated_by": "tests/golden/generate.py --weights-only",
+        "cpu": _cpu(),
+        "torch": torch.__version__,
+        "sha256_here": {n: r["params_sha256"] for n, r in sorted(records.items())},
+        "sha256_in_golden_json": {n: frozen[n]["params_sha256"] for n in sorted(records)},
+        "column_drift_vs_golden_json": {c: v for c, v in sorted(drift.items()) if v > 0},
+    }
+    npz.with_suffix(".json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {npz} and its manifest: {len(weights)} cases", flush=True)
     return 0
 
 
