@@ -51,6 +51,9 @@ KEY_HELP: dict[str, str] = {
         "synthetic/LEAF: clients (writers) held out of the population as the public "
         "test set; null: ceil(N/10)"
     ),
+    "dataset.validation_size": "> 0: that many training examples (drawn from the seed) no "
+    "client holds, a public validation set (val_accuracy in dpfl leaderboard); iid or "
+    "dirichlet partitions",
     "dataset.normalize": "image inputs: standardize (public per-channel constants) or "
     "unit_interval ([0, 1]); null: the source's recipe (unit_interval for mnist, "
     "fashion_mnist, emnist, femnist; standardize for cifar10, cifar100, svhn, digits), "

@@ -67,6 +67,9 @@ class DatasetConfig:
     synthetic_classes: int = 10
     synthetic_mean_samples: int = 60
     public_eval_clients: int | None = None
+    # > 0: that many training examples, drawn from the seed, held out of every client as a
+    # public validation set (engine.data.validation_split); iid/dirichlet partitions only
+    validation_size: int = 0
     # false: synthetic clients generated on demand from (seed, client), nothing stored per
     # client (engine.data.on_demand); needs dataset.partition=natural
     materialize: bool = True
@@ -130,6 +133,16 @@ class DatasetConfig:
             self.materialize,
             "false (clients built on demand) needs dataset.name=synthetic and "
             "dataset.partition=natural",
+        )
+        _check(
+            self.validation_size >= 0, "dataset.validation_size", self.validation_size, ">= 0"
+        )
+        _check(
+            self.validation_size == 0 or self.partition in ("iid", "dirichlet"),
+            "dataset.validation_size",
+            self.validation_size,
+            "needs dataset.partition iid or dirichlet (a natural client's examples are its "
+            "writer's: holding some out would not make them public)",
         )
         _check(
             self.public_eval_clients is None or self.public_eval_clients >= 1,

@@ -18,7 +18,9 @@ population, so those columns are public:
   excluded from the population. LEAF's ``test/*.json`` data of the population's own
   writers is not used (it is the clients' data, not public).
 
-``FederatedDataset.meta["eval_source"]`` names which one a run used.
+``FederatedDataset.meta["eval_source"]`` names which one a run used. A public
+validation set (``dataset.validation_size``, :mod:`engine.data.validation`) is held out
+of the clients' examples the same way, disjoint from the test set.
 """
 
 from __future__ import annotations
@@ -194,6 +196,15 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         eval_source = "public: official test split"
     if len(y_test) == 0:
         raise ValueError(f"dataset.name={cfg.name}: the public evaluation set is empty")
+    x_val = y_val = None
+    meta = {"partition": cfg.partition, "eval_source": eval_source}
+    if getattr(cfg, "validation_size", 0):  # before the partition: no client holds them
+        from engine.data.validation import hold_out_validation
+
+        pooled, x_val, y_val = hold_out_validation(pooled, cfg.validation_size, rng)
+        meta["validation_source"] = (
+            f"public: {cfg.validation_size} training examples held out of every client"
+        )
     n = len(pooled.y_train)
     # indices go where the examples are: shared memory for a generated population
     shared = segment_of(pooled.x_train) is not None
@@ -218,7 +229,9 @@ def build_dataset(cfg, rng: np.random.Generator) -> FederatedDataset:
         y_test=y_test,
         num_classes=pooled.num_classes,
         input_shape=tuple(pooled.input_shape),
-        meta={"partition": cfg.partition, "eval_source": eval_source},
+        meta=meta,
+        x_val=x_val,
+        y_val=y_val,
     )
 
 

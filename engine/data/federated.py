@@ -132,6 +132,9 @@ class FederatedDataset:
         num_classes: Number of output classes (vocabulary size for next-char tasks).
         input_shape: Shape of one example.
         meta: Free-form public facts (e.g. the partition used).
+        x_val, y_val: The public validation set (``dataset.validation_size``,
+            :mod:`engine.data.validation`): examples no client holds, disjoint from the
+            test set; None without one.
     """
 
     name: str
@@ -144,6 +147,8 @@ class FederatedDataset:
     num_classes: int
     input_shape: tuple[int, ...]
     meta: dict = field(default_factory=dict)
+    x_val: np.ndarray | None = None
+    y_val: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("client_train", "client_test"):
