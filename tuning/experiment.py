@@ -30,6 +30,8 @@ from engine.config import ConfigError, RunConfig, load_config, replace, with_alg
 from engine.results import write_json
 from engine.runtime.executors import ensure_ray
 from tuning import selection
+from tuning.budget import GRID_KEYS
+from tuning.budget_plan import noise_of, plan_budgets, write_budgets
 from tuning.driver import run_cell_in_driver
 from tuning.plan import (
     HEAD_CPUS,
@@ -51,6 +53,7 @@ from tuning.rounds import column_names, compact_cell, rounds_dir
 from tuning.spaces import space_for, to_tune
 from tuning.sweep_folder import (
     EXPERIMENT_FILE,
+    check_experiment_record,
     check_sweep_folder,
     experiment_record,
     read_runner,
@@ -76,6 +79,8 @@ def run_tune(
     tnb_shape: float = 1.0,
     trial_executor_choice: str | None = None,
     runner: str | None = None,
+    total: bool = False,
+    base_tree: dict | None = None,
 ) -> pd.DataFrame:
     """Run (or resume) the experiment; return the trials table (also written).
 
@@ -88,10 +93,22 @@ def run_tune(
     each cell's trials one after another in this process instead of through Ray Tune
     (:func:`run_cell_in_driver`): the same trials, rows, checkpoints and table, without
     Tune's start and finish (1.2-2.2 s) and the trial processes' imports (about 2 s on
-    2 cores), for sweeps of trials so small that those dominate."""
+    2 cores), for sweeps of trials so small that those dominate.
+
+    ``total`` (``--total-epsilon``): each of ``epsilons`` is a total budget E, the ε of
+    publishing the selected trial *including* the search; the trials' noise is solved
+    from it before any trial runs (:mod:`tuning.budget_plan`). ``base_tree``: a
+    resolved config tree and its ``tune`` section (``--resume DIR``: the folder's own)
+    in place of ``config_path``."""
 
     out = Path(out).resolve()
-    tree, tune_section = read_tune_file(config_path)
+    if base_tree is not None:
+        import copy
+
+        tree = copy.deepcopy(base_tree)
+        tune_section = tree.pop("tune", {}) or {}
+    else:
+        tree, tune_section = read_tune_file(config_path)
     if smoke_test:  # shrink first; explicit --set overrides still win
         from engine.config import set_path
 
@@ -133,18 +150,10 @@ def run_tune(
                 max_cohort=config.sampling.max_cohort,
                 space_keys=list(spaces[a]),
                 shape=tnb_shape,
+                covered=GRID_KEYS if total else (),
             )
     except selection.TuningPrivacyError as e:
         raise ConfigError(str(e)) from None
-    from engine.simulation import plan_privacy
-
-    for a in algorithms:  # every budget must be reachable before any work starts
-        for e in epsilons:
-            plan_privacy(
-                with_algorithm(
-                    config, a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
-                )
-            )
     record = experiment_record(
         config.to_dict(),
         {
@@ -157,8 +166,41 @@ def run_tune(
             "tnb_shape": float(tnb_shape),
             "runner": runner,
             "space": tune_section.get("space"),
+            "metric": metric,
+            "budget": "total" if total else "per_trial",
+            "tune": {k: v for k, v in tune_section.items() if k != "space"},
         },
     )
+    if resume:  # the settings first: a flag that differs is named before any solve
+        check_experiment_record(out, record)
+    from engine.simulation import plan_privacy
+
+    budget_records: dict = {}
+    if total:  # solved (or, resumed, read back) before any work starts
+        if search != "random":
+            raise ConfigError(
+                f"--total-epsilon needs --search random (the trials' draws must be known "
+                f"before they run; {search} is adaptive)"
+            )
+        budget_records = plan_budgets(
+            out,
+            config,
+            algorithms,
+            epsilons,
+            spaces,
+            tuning_privacy,
+            num_samples,
+            tnb_shape,
+            resume,
+        )
+    else:
+        for a in algorithms:  # every budget must be reachable before any work starts
+            for e in epsilons:
+                plan_privacy(
+                    with_algorithm(
+                        config, a, **{"privacy.epsilon": e, "privacy.noise_multiplier": None}
+                    )
+                )
     if resume:  # every file the sweep continues from, before anything is written
         check_sweep_folder(
             out,
@@ -202,6 +244,10 @@ def run_tune(
         tuning_privacy,
     )
     bundles = trial_bundles(config.ray, head)
+
+    def noise_for(name: str) -> list | None:
+        return noise_of(budget_records[name]) if total else None
+
     every = int(tune_section.get("checkpoint_every", 1))
     statuses: dict[str, str] = {}
     columns: dict[str, str] = {}
@@ -214,6 +260,8 @@ def run_tune(
     marker.parent.mkdir(exist_ok=True)  # out/tune marks the experiment (dpfl tune --resume)
     marker.write_text(runner + "\n")
     write_json(out / "tune" / EXPERIMENT_FILE, record)  # what a --resume must match
+    if total:
+        write_budgets(out, budget_records)
 
     def new_tuner(trainable, space: dict, name: str):
         own = search == "random"
@@ -252,7 +300,9 @@ def run_tune(
                 continue
             if runner == "driver":
                 t0 = time.perf_counter()
-                body = trial_body(config.to_dict(), a, e, str(out), columns, spaces[a])
+                body = trial_body(
+                    config.to_dict(), a, e, str(out), columns, spaces[a], noise_for(name)
+                )
                 statuses.update(
                     run_cell_in_driver(out, a, e, n_trials, config.rounds, body, resume)
                 )
@@ -269,6 +319,7 @@ def run_tune(
                     every,
                     columns,
                     spaces[a] if own_sampling else None,
+                    noise_for(name),
                 ),
                 tune.PlacementGroupFactory(bundles),
             )
@@ -323,6 +374,17 @@ def run_tune(
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
     trials = trials_table(out, statuses, metric)
     trials["epsilon_excludes_tuning"] = True
+    if total and not trials.empty:  # the cell's budget is a total: its per-trial ε beside it
+        per_trial = {
+            (a, float(e)): budget_records[experiment_name(a, e)]["per_trial_epsilon"]
+            for a in algorithms
+            for e in epsilons
+        }
+        trials["epsilon_total_budget"] = trials["epsilon_budget"]
+        trials["epsilon_per_trial"] = [
+            per_trial.get((a, float(e)), float("nan"))
+            for a, e in zip(trials["algorithm"], trials["epsilon_budget"], strict=True)
+        ]
     trials = mark_released(trials, metric, tuning_privacy, num_samples, tnb_shape)
     write_trials(out, trials)
     return trials

@@ -64,7 +64,15 @@ def read_tune_file(path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {}
     tree = read_yaml_mapping(path)
     tune_section = tree.pop("tune", {}) or {}
-    known = {"space", "checkpoint_every", "head_cpus", "trial_executor", "runner", "trials_per_gpu"}
+    known = {
+        "space",
+        "checkpoint_every",
+        "head_cpus",
+        "trial_executor",
+        "runner",
+        "trials_per_gpu",
+        "total_epsilon",
+    }
     unknown = set(tune_section) - known
     if unknown:
         raise ConfigError(

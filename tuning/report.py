@@ -157,12 +157,16 @@ def released_trials(trials: pd.DataFrame, metric: str = "test_accuracy") -> pd.D
 def summary_table(directory: str | Path, metric: str = "test_accuracy") -> pd.DataFrame:
     """One released configuration per (algorithm, ε) with the ε that includes tuning
     (``epsilon_with_tuning``) and the rule behind it (``tuning_accounting``)."""
+    from tuning.budget import recorded_events
+    from tuning.budget_plan import read_budgets
+    from tuning.plan import experiment_name
     from tuning.selection import composed_epsilon, is_papernot_steinke, papernot_steinke_epsilon
 
     trials = load_trials(directory)
     rounds = load_rounds(directory)
     mode, mean, shape = _tuning_setting(trials)
     shown = released_trials(trials, metric)
+    budgets = read_budgets(Path(directory))  # total budgets (dpfl tune --total-epsilon)
     out = []
     for _, row in shown.iterrows():
         cell = trials[
@@ -174,6 +178,10 @@ def summary_table(directory: str | Path, metric: str = "test_accuracy") -> pd.Da
             for tid in cell["trial_id"]
             if (rounds["trial_id"] == tid).any()
         ]
+        budget = budgets.get(experiment_name(row["algorithm"], float(row["epsilon_budget"])))
+        if budget is not None and is_papernot_steinke(mode):
+            # every configuration a trial could have drawn, not only those that ran
+            events += recorded_events(budget)
         delta = max(e.delta for e in events)
         if is_papernot_steinke(mode):
             eps, rule = papernot_steinke_epsilon(events, delta, mean, mode, shape)
@@ -212,6 +220,8 @@ NOT_HYPERPARAMETERS = {
     "tuning_shape",
     "released",
     "trial_seed",
+    "epsilon_total_budget",
+    "epsilon_per_trial",
 }
 
 
@@ -350,6 +360,7 @@ def write_report(directory: str | Path, metric: str = "test_accuracy") -> str:
             "epsilon_budget",
             f"final_{metric}",
             "noise_multiplier",
+            *(c for c in ("epsilon_total_budget", "epsilon_per_trial") if c in table),
             "epsilon",
             "epsilon_with_tuning",
             "tuning_accounting",
@@ -373,6 +384,21 @@ def write_report(directory: str | Path, metric: str = "test_accuracy") -> str:
     fig.savefig(directory / "accuracy_vs_round.png", dpi=120)
 
     rules = sorted(set(table["tuning_accounting"])) if not table.empty else []
+    totals = ""
+    if "epsilon_total_budget" in table:
+        totals = (
+            "Budgets are totals (dpfl tune --total-epsilon): `epsilon_total_budget` is the "
+            "budget of publishing the selected trial including the search, "
+            "`epsilon_per_trial` the per-trial budget solved from it (each trial ran with the "
+            "noise multiplier solved for its configuration; tune/budgets.json), and "
+            "`epsilon_with_tuning` dp-accounting's total for the trials that ran"
+            + (
+                " and every configuration a trial could draw"
+                if "Papernot" in "".join(rules)
+                else ""
+            )
+            + " (<= the budget).\n\n"
+        )
     text = (
         f"# dpfl tune report: {directory}\n\nSetting: {title}\n\n"
         f"One released trial per (algorithm, ε) (by final {metric} under composition; the "
@@ -387,6 +413,7 @@ def write_report(directory: str | Path, metric: str = "test_accuracy") -> str:
             if metric.endswith("_nonprivate")
             else f"The selection metric {metric} is public (the public evaluation set).\n\n"
         )
+        + totals
         + _markdown(shown)
         + "\n\nFigures: accuracy_vs_epsilon.png (x: epsilon_with_tuning), "
         "accuracy_vs_round.png\n"

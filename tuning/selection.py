@@ -20,13 +20,20 @@ tuning"):
   the number of trials K itself (:func:`draw_num_trials`; Poisson with mean
   ``--num-samples``, or the truncated negative binomial with shape η and that mean),
   runs exactly K trials of non-adaptive random search, and releases only the best
-  one. ε with tuning is dp-accounting's ``RepeatAndSelectDpEvent(one run, mean,
-  shape)`` (RDP only). This holds only if (1) the hyperparameter draws do not depend
-  on other trials' results (random search, no ASHA), (2) every trial has the same
-  one-run event - enforced by refusing spaces that vary a key that changes it
-  (:data:`PRIVACY_KEYS`), and the max over the trials' events is taken anyway - (3)
-  only the selected trial is published, and (4) K itself stays secret: knowing K
-  turns the mechanism into best-of-K-fixed, which the theorem does not cover.
+  one. ε with tuning is dp-accounting's repeat-and-select transform
+  (``RepeatAndSelectDpEvent(one run, mean, shape)``, RDP only) applied to one run's
+  RDP curve. This holds only if (1) the hyperparameter draws do not depend on other
+  trials' results (random search, no ASHA), (2) the one-run curve bounds every
+  configuration a trial can draw - a key that changes the event (:data:`PRIVACY_KEYS`)
+  may vary only over a finite grid whose every configuration is accounted
+  (``covered``: ``rounds`` and ``algo.bands`` under a total budget,
+  :mod:`tuning.budget`), and the curve is then the elementwise max of the
+  configurations' RDP curves (:func:`repeat_and_select_epsilon`; a trial that draws
+  its configuration at random is a mixture of the configurations' mechanisms, whose
+  Rényi divergence is at most the largest, by joint convexity); with one
+  configuration this is dp-accounting's ``RepeatAndSelectDpEvent`` exactly; (3) only
+  the selected trial is published, and (4) K itself stays secret: knowing K turns
+  the mechanism into best-of-K-fixed, which the theorem does not cover.
   Truncated Poisson sampling (``sampling.max_cohort``) is accounted by PLD only, so
   it is refused under these rules.
 """
@@ -39,7 +46,7 @@ from dataclasses import dataclass
 
 import dp_accounting
 import numpy as np
-from dp_accounting import dp_event, rdp
+from dp_accounting import rdp
 
 from engine.privacy.accounting import (
     PLD_REPORT_DISCRETIZATION,
@@ -96,8 +103,11 @@ def check_mode(
     max_cohort: int | None,
     space_keys: list[str],
     shape: float,
+    covered: tuple[str, ...] = (),
 ) -> None:
-    """Refuse a Papernot-Steinke rule whose assumptions the experiment breaks."""
+    """Refuse a Papernot-Steinke rule whose assumptions the experiment breaks.
+    ``covered``: privacy keys the space varies over a finite grid whose every
+    configuration the accounting bounds (:mod:`tuning.budget`), hence allowed."""
     if mode not in MODES:
         raise TuningPrivacyError(f"--tuning-privacy={mode!r}: must be one of {', '.join(MODES)}")
     varied = [
@@ -130,10 +140,12 @@ def check_mode(
             f"{flag}: sampling.max_cohort (truncated Poisson) is accounted by PLD only and "
             "Papernot-Steinke by RDP only; use --tuning-privacy compose"
         )
+    varied = [k for k in varied if k not in covered]
     if varied:
         raise TuningPrivacyError(
             f"{flag}: the search space varies {varied[0]}, which changes a trial's privacy "
-            "event; use --tuning-privacy compose"
+            "event; use --tuning-privacy compose (or --total-epsilon with "
+            f"{varied[0]} a choice over a grid)"
         )
     if mode == TNB and not (shape >= 0 and math.isfinite(shape)):
         raise TuningPrivacyError(f"--tnb-shape={shape}: must be finite and >= 0")
@@ -192,12 +204,49 @@ def composed_epsilon(events: list[TrialEvent], delta: float) -> tuple[float, str
     return total, f"basic composition of {len(events)} trials (mixed accountants)"
 
 
+def one_run_rdp(event: TrialEvent) -> tuple[np.ndarray, np.ndarray]:
+    """``(orders, RDP curve)`` of one trial's run, as dp-accounting's RDP accountant
+    composes it inside a ``RepeatAndSelectDpEvent`` (from zero, with the accountant's
+    default orders): ``rounds · rdp₁`` for per-round events (the library's own
+    arithmetic, from the remembered one-round curve,
+    :func:`engine.privacy.accounting.one_round_rdp`), the run's event composed in a
+    fresh accountant for the correlated mechanisms."""
+    from engine.privacy.accounting import one_round_rdp, round_event
+
+    if event.spec.mode in ("poisson", "fixed") and event.spec.max_cohort is None:
+        orders, rdp1 = one_round_rdp(round_event(event.noise_multiplier, event.spec), event.spec)
+        return orders, event.rounds * rdp1
+    acc = rdp.RdpAccountant(neighboring_relation=event.spec.neighboring_relation)
+    acc.compose(event.dp_event())
+    return np.array(acc._orders, dtype=float), np.array(acc._rdp, dtype=float)  # noqa: SLF001
+
+
+def repeat_and_select_epsilon(
+    curves: list[np.ndarray], orders: np.ndarray, delta: float, mean: float, mode: str, shape: float
+) -> float:
+    """ε at ``delta`` of releasing the best of K runs (K ~ Poisson(mean), or TNB(shape,
+    mean)) when each run draws its configuration from a set whose one-run RDP curves are
+    ``curves`` (over ``orders``): dp-accounting's repeat-and-select transform of their
+    elementwise max. Sound for a random choice among the configurations (a mixture's
+    Rényi divergence is at most the largest of its components', by the joint convexity
+    of exp((α−1)D_α)); for one curve, the numbers of ``RdpAccountant`` composing
+    ``RepeatAndSelectDpEvent`` bit for bit (the same transform and conversion)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as r
+
+    worst = np.max(np.stack(curves), axis=0)
+    shape_arg = np.inf if mode == POISSON else float(shape)
+    out = r._compute_rdp_repeat_and_select(orders, worst, float(mean), shape_arg)  # noqa: SLF001
+    return float(r.compute_epsilon(orders, out, delta)[0])
+
+
 def papernot_steinke_epsilon(
     events: list[TrialEvent], delta: float, mean: float, mode: str, shape: float
 ) -> tuple[float, str]:
     """ε at ``delta`` of releasing only the best of K trials, K ~ Poisson(mean) or
-    TNB(shape, mean): RDP ``RepeatAndSelectDpEvent`` of each trial's one-run event, the
-    max over trials (they are equal when the space leaves the event alone)."""
+    TNB(shape, mean): the repeat-and-select transform of the elementwise max of the
+    events' one-run RDP curves (:func:`repeat_and_select_epsilon`; with one distinct
+    event, dp-accounting's ``RepeatAndSelectDpEvent`` exactly). ``events``: every
+    configuration a trial could run (the trials that ran, plus a grid's others)."""
     if not events:
         raise TuningPrivacyError("Papernot-Steinke accounting needs at least one trial's event")
     if any(t.spec.max_cohort is not None for t in events):
@@ -205,15 +254,21 @@ def papernot_steinke_epsilon(
             "Papernot-Steinke accounting refused: truncated Poisson (sampling.max_cohort) is "
             "accounted by PLD only"
         )
-    shape_arg = np.inf if mode == POISSON else float(shape)
-    worst = 0.0
-    for t in events:
-        if t.noise_multiplier <= 0:
-            return math.inf, label(mode, mean, shape)
-        acc = rdp.RdpAccountant(neighboring_relation=t.spec.neighboring_relation)
-        acc.compose(dp_event.RepeatAndSelectDpEvent(t.dp_event(), float(mean), shape_arg))
-        worst = max(worst, float(acc.get_epsilon(delta)))
-    return worst, label(mode, mean, shape)
+    if any(t.noise_multiplier <= 0 for t in events):
+        return math.inf, label(mode, mean, shape)
+    if len({t.spec.neighboring_relation for t in events}) > 1:
+        raise TuningPrivacyError(
+            "Papernot-Steinke accounting refused: the configurations differ in adjacency"
+        )
+    distinct = list(dict.fromkeys((t.noise_multiplier, t.spec, t.rounds) for t in events))
+    curves, orders = [], None
+    for z, spec, rounds in distinct:
+        orders, curve = one_run_rdp(TrialEvent(z, spec, rounds, delta, "rdp"))
+        curves.append(curve)
+    assert orders is not None
+    return repeat_and_select_epsilon(curves, orders, delta, mean, mode, shape), label(
+        mode, mean, shape
+    )
 
 
 def label(mode: str, mean: float, shape: float) -> str:

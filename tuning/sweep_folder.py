@@ -35,6 +35,9 @@ from engine.results import _jsonable
 EXPERIMENT_FILE = "experiment.json"
 #: Keys that may differ between the start of a sweep and its resume: where Ray runs.
 MAY_DIFFER = ("out", "ray.address")
+#: Settings recorded only since dpfl recorded them: a sweep started before has none, and
+#: resumes with today's value (its default then).
+RECORDED_LATER = ("--metric", "--budget", "--tune.")
 
 
 def _why(e: BaseException) -> str:
@@ -100,12 +103,29 @@ def check_experiment_record(out: Path, record: dict[str, Any]) -> None:
     for key in sorted(set(before) | set(now)):
         if key in MAY_DIFFER:
             continue
+        if key not in before and key.startswith(RECORDED_LATER):
+            continue
         if before.get(key) != now.get(key):
             raise ConfigError(
                 f"--resume --out {out}: {key}={now.get(key)!r} but the sweep started with "
                 f"{before.get(key)!r} ({path}); resume it with the same --config/--set and "
                 "flags (nothing was changed)"
             )
+
+
+def read_experiment_record(out: Path) -> dict[str, Any] | None:
+    """``tune/experiment.json`` (what ``dpfl tune --resume DIR`` takes its flags from), or
+    None for a sweep started before it was written; ConfigError when damaged."""
+    path = out / "tune" / EXPERIMENT_FILE
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record["config"], dict) or not isinstance(record["settings"], dict):
+            raise TypeError("config and settings must be mappings")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise _refuse(out, f"{path} is damaged ({_why(e)})") from None
+    return record
 
 
 def check_draws(out: Path, secure: bool, has_rows: bool) -> None:

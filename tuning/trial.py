@@ -57,6 +57,19 @@ def trial_seed(experiment_seed: int, algorithm: str, epsilon: float, index: int)
     return rngs.derive_seed(experiment_seed, rngs.TRIAL_SEED, key, int(index))
 
 
+def sampled_params(
+    space: dict[str, Any], experiment_seed: int, algorithm: str, epsilon: float, index: int
+) -> dict[str, Any]:
+    """Trial ``index``'s hyperparameters under random search: a draw from ``space`` with
+    the generator of (seed, algorithm, ε, index), a function of nothing else (so the
+    draws are known before any trial runs, as a total budget needs)."""
+    from engine.privacy import rng as rngs
+    from tuning.spaces import sample
+
+    key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
+    return sample(space, rngs.numpy_rng(experiment_seed, TUNE_STREAM, key, index))
+
+
 def trial_index(params: dict[str, Any], trial_id: str) -> int:
     """Trial k: the random-search sample index, else the counter in Tune's trial id
     (``<hash>_00003``), else a hash of the id (still distinct per trial)."""
@@ -91,6 +104,7 @@ def make_trainable(
     every: int = 1,
     columns: dict[str, str] | None = None,
     space: dict[str, Any] | None = None,
+    noise: list[tuple[dict[str, Any], float]] | None = None,
 ):
     """A fresh Tune function trainable for (algorithm, ε) (``with_resources`` mutates it).
 
@@ -108,7 +122,7 @@ def make_trainable(
         ctx = tune.get_context()
         body(params, ctx.get_trial_id(), ctx.get_trial_name(), tune.report)
 
-    body = trial_body(base, algorithm, epsilon, out, columns, space)
+    body = trial_body(base, algorithm, epsilon, out, columns, space, noise)
     return trainable
 
 
@@ -119,11 +133,15 @@ def trial_body(
     out: str,
     columns: dict[str, str] | None = None,
     space: dict[str, Any] | None = None,
+    noise: list[tuple[dict[str, Any], float]] | None = None,
 ) -> Callable[[dict[str, Any], str, str, Callable[[dict[str, Any]], None]], None]:
     """What one trial does, with or without Tune: ``body(params, trial_id, trial_name,
     report)`` runs (or continues, from the trial's own checkpoint) the trial and writes
     its rows; ``report`` receives each round's metrics (Tune's ``tune.report``, or the
-    driver runner's bookkeeping). ``columns`` and ``space`` as in :func:`make_trainable`."""
+    driver runner's bookkeeping). ``columns`` and ``space`` as in :func:`make_trainable`.
+    ``noise`` (a total budget, :mod:`tuning.budget`): (grid-key values, σ) of each
+    configuration; the trial runs with the σ of the configuration it drew, set as
+    ``privacy.noise_multiplier`` (``epsilon`` then names the cell's total budget)."""
     columns = dict(columns or {})
     for c in hyperparameter_columns():
         columns.setdefault(c, "string" if c in STRING_COLUMNS else "float")
@@ -143,16 +161,19 @@ def trial_body(
         index = trial_index(hps, trial_id)
         seed = trial_seed(int(base["seed"]), algorithm, epsilon, index)
         if space is not None:
-            from tuning.spaces import sample
-
-            key = zlib.crc32(f"{algorithm}|{epsilon:g}".encode())
-            hps = sample(space, rngs.numpy_rng(base["seed"], TUNE_STREAM, key, hps["sample"]))
+            hps = sampled_params(space, int(base["seed"]), algorithm, epsilon, hps["sample"])
         config = with_algorithm(
             config_from_dict(base),
             algorithm,
             **{"privacy.epsilon": epsilon, "privacy.noise_multiplier": None},
             **hps,
         )
+        if noise is not None:  # a total budget: the σ solved for the drawn configuration
+            fits = [z for keys, z in noise if all(hps.get(k, v) == v for k, v in keys.items())]
+            if not fits:
+                raise ValueError(f"no solved noise multiplier for the trial's draw {hps}")
+            sigma = fits[0]
+            config = replace(config, **{"privacy.epsilon": None, "privacy.noise_multiplier": sigma})
         # Same clients for every trial (experiment seed), own randomness (trial seed).
         dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
         spec = sampling_spec(config)

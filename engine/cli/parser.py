@@ -180,11 +180,23 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument(
         "--config", "-c", metavar="FILE", help="YAML: config diff plus an optional tune: section"
     )
-    tu.add_argument("--algorithms", "-a", default="dp_fedavg", help="all, or a,b,c")
-    tu.add_argument("--epsilons", default="4", help="comma-separated budgets, e.g. 1,4,8")
-    tu.add_argument("--num-samples", type=int, default=4, help="trials per (algorithm, eps)")
-    tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default="random")
-    tu.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo")
+    # Flags default to None: a --resume takes what the folder recorded (tuning.cli_settings)
+    tu.add_argument("--algorithms", "-a", default=None, help="all, or a,b,c (default dp_fedavg)")
+    tu.add_argument(
+        "--epsilons", default=None, help="comma-separated per-trial budgets, e.g. 1,4,8 (default 4)"
+    )
+    tu.add_argument(
+        "--total-epsilon",
+        default=None,
+        metavar="E1,E2,...",
+        help="comma-separated total budgets instead: the epsilon of publishing the selected "
+        "trial including the search; each trial's noise is solved from it (tune.total_epsilon)",
+    )
+    tu.add_argument(
+        "--num-samples", type=int, default=None, help="trials per (algorithm, eps) (default 4)"
+    )
+    tu.add_argument("--search", choices=["random", "optuna", "hyperopt"], default=None)
+    tu.add_argument("--scheduler", choices=["fifo", "asha"], default=None)
     tu.add_argument(
         "--runner",
         choices=["tune", "driver"],
@@ -196,19 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument(
         "--tuning-privacy",
         choices=["compose", "poisson", "truncated_negative_binomial"],
-        default="compose",
-        help="how the cost of tuning is accounted: compose = all trials run and are "
-        "accounted (any search); poisson / truncated_negative_binomial = Papernot-Steinke: "
-        "dpfl draws the number of trials (mean --num-samples), random search only, only the "
-        "best trial is released (README: the privacy cost of tuning)",
+        default=None,
+        help="how the cost of tuning is accounted (default compose): compose = all trials run "
+        "and are accounted (any search); poisson / truncated_negative_binomial = "
+        "Papernot-Steinke: dpfl draws the number of trials (mean --num-samples), random "
+        "search only, only the best trial is released (README: the privacy cost of tuning)",
     )
     tu.add_argument(
         "--tnb-shape",
         type=float,
-        default=1.0,
-        help="shape eta of the truncated negative binomial (0 = logarithmic, 1 = geometric)",
+        default=None,
+        help="shape eta of the truncated negative binomial (0 = logarithmic, 1 = geometric; "
+        "default 1)",
     )
-    tu.add_argument("--metric", choices=TUNE_METRICS, default="test_accuracy")
+    tu.add_argument("--metric", choices=TUNE_METRICS, default=None)
     tu.add_argument(
         "--allow-nonprivate-metric",
         action="store_true",
@@ -217,7 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument(
         "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
     )
-    tu.add_argument("--resume", action="store_true", help="continue the experiment in --out")
+    tu.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="DIR",
+        help="continue the experiment in DIR (or --out) with the settings it started with; "
+        "a flag given again must agree",
+    )
     tu.add_argument(
         "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
     )

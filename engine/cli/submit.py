@@ -189,9 +189,13 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
         from engine.config import set_path
         from tuning.plan import SMOKE, read_tune_file
 
-        _require_absolute("--out", ns.out)
-        parse_algorithms(ns.algorithms)
-        _floats(ns.epsilons, "--epsilons")
+        if isinstance(ns.resume, str):  # dpfl tune --resume DIR: the folder is DIR
+            _require_absolute("--resume", ns.resume)
+        else:
+            _require_absolute("--out", ns.out)
+        parse_algorithms(ns.algorithms or "dp_fedavg")  # None: the default, or a resume's
+        _floats(ns.epsilons or "4", "--epsilons")
+        _floats(ns.total_epsilon or "4", "--total-epsilon")
         tree, _ = read_tune_file(config_path) if local_config else ({}, {})
         if ns.smoke_test:
             for key, value in SMOKE.items():

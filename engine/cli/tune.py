@@ -14,54 +14,157 @@ from engine.cli.common import check_out, claim_out, default_out, quiet_ray, shut
 from engine.cli.parser import RAY_LOG, parse_floats
 from engine.config import ConfigError
 
+#: What a flag means when it is not given and no resumed folder recorded it.
+DEFAULTS = {
+    "algorithms": "dp_fedavg",
+    "epsilons": "4",
+    "num_samples": 4,
+    "search": "random",
+    "scheduler": "fifo",
+    "tuning_privacy": "compose",
+    "tnb_shape": 1.0,
+    "metric": "test_accuracy",
+}
+
 
 @dataclass(frozen=True)
 class TunePlan:
-    """What ``dpfl tune`` will do, checked before anything is written."""
+    """What ``dpfl tune`` will do, checked before anything is written: each setting from
+    its flag, else (``--resume``) from the folder's ``tune/experiment.json``, else its
+    default. ``base_tree``: the folder's resolved config (a ``--resume`` without
+    ``--config``/``--set``), or None."""
 
     algorithms: list[str]
     epsilons: list[float]
     out: Path
+    total: bool = False
+    num_samples: int = 4
+    search: str = "random"
+    scheduler: str = "fifo"
+    tuning_privacy: str = "compose"
+    tnb_shape: float = 1.0
+    metric: str = "test_accuracy"
+    runner: str | None = None
+    base_tree: dict | None = None
+
+
+def _budgets(args: argparse.Namespace, settings: dict) -> tuple[list[float], bool]:
+    """(budgets, whether they are totals): ``--epsilons`` (per trial) or
+    ``--total-epsilon`` (total), else the resumed sweep's, else the YAML's
+    ``tune.total_epsilon``, else per-trial 4."""
+    if args.epsilons is not None and args.total_epsilon is not None:
+        raise ConfigError(
+            "--epsilons (each trial's budget) and --total-epsilon (the budget of the released "
+            "trial including the search): give one"
+        )
+    if args.total_epsilon is not None:
+        return parse_floats(args.total_epsilon, "--total-epsilon"), True
+    if args.epsilons is not None:
+        if settings.get("budget") == "total":
+            raise ConfigError(
+                "--epsilons: the sweep was started with --total-epsilon "
+                f"{','.join(f'{e:g}' for e in settings['epsilons'])}; resume it with those"
+            )
+        return parse_floats(args.epsilons, "--epsilons"), False
+    if settings:
+        return [float(e) for e in settings["epsilons"]], settings.get("budget") == "total"
+    from tuning.plan import read_tune_file
+
+    total = read_tune_file(args.config)[1].get("total_epsilon")
+    if total is not None:
+        values = total if isinstance(total, list) else [total]
+        try:
+            return [float(v) for v in values], True
+        except (TypeError, ValueError):
+            raise ConfigError(f"tune.total_epsilon={total!r}: expected numbers") from None
+    return parse_floats(DEFAULTS["epsilons"], "--epsilons"), False
 
 
 def plan_tune(args: argparse.Namespace) -> TunePlan:
     """Check the flags of ``dpfl tune`` and the results folder; writes nothing.
     (The config and search spaces are checked by ``tuning.experiment.run_tune``
-    before it starts Ray.)"""
+    before it starts Ray.) ``--resume DIR`` (or ``--resume --out DIR``) takes every
+    setting it is not given from the folder; one given again must agree (checked, naming
+    it, by :func:`tuning.sweep_folder.check_experiment_record`)."""
     from engine.simulation.compare import parse_algorithms
+    from tuning.sweep_folder import read_experiment_record
 
-    algorithms = parse_algorithms(args.algorithms)
-    epsilons = parse_floats(args.epsilons, "--epsilons")
-    if args.metric.endswith("_nonprivate") and not args.allow_nonprivate_metric:
-        raise ConfigError(
-            f"--metric={args.metric}: computed from clients' own data, so selecting (or ASHA "
-            "stopping) trials on it is not covered by epsilon; pass "
-            "--allow-nonprivate-metric to tune on it anyway, or use --metric test_accuracy"
-        )
-    if args.search in ("optuna", "hyperopt") and importlib.util.find_spec(args.search) is None:
-        raise ConfigError(
-            f"--search={args.search}: the {args.search} package is not installed "
-            f"(pip install {args.search}), or use --search random"
-        )
-    if args.resume and args.overwrite:
+    resume = args.resume is not False
+    if resume and args.overwrite:
         raise ConfigError("--resume continues the experiment, --overwrite replaces it: give one")
-    if args.resume and not args.out:
-        raise ConfigError("--resume: give the experiment to continue with --out DIR")
-    out = Path(args.out) if args.out else default_out("tune")
-    if args.resume:
+    folder = args.resume if isinstance(args.resume, str) else args.out
+    if isinstance(args.resume, str) and args.out and Path(args.out) != Path(args.resume):
+        raise ConfigError(
+            f"--resume {args.resume} and --out {args.out} name different folders: give one"
+        )
+    if resume and not folder:
+        raise ConfigError(
+            "--resume: give the experiment to continue, --resume DIR (or --resume --out DIR)"
+        )
+    out = Path(folder) if folder else default_out("tune")
+    record = None
+    if resume:
         if not (out / "tune").is_dir():
-            raise ConfigError(f"--out={str(out)!r}: no dpfl tune experiment there to --resume")
+            raise ConfigError(f"--resume {str(out)!r}: no dpfl tune experiment there")
+        record = read_experiment_record(out)
     elif args.out:
         check_out(out, "--out", args.overwrite, "--resume")
     elif args.overwrite:
         raise ConfigError("--overwrite: give the folder to replace with --out DIR")
-    return TunePlan(algorithms, epsilons, out)
+    settings = dict(record["settings"]) if record else {}
+
+    def pick(attr: str, key: str | None = None):
+        value = getattr(args, attr)
+        if value is not None:
+            return value
+        saved = settings.get(key or attr)
+        return saved if saved is not None else DEFAULTS.get(attr)
+
+    if args.algorithms is None and settings:
+        algorithms = parse_algorithms(",".join(settings["algorithms"]))
+    else:
+        algorithms = parse_algorithms(args.algorithms or DEFAULTS["algorithms"])
+    epsilons, total = _budgets(args, settings)
+    metric = pick("metric")
+    if metric.endswith("_nonprivate") and not args.allow_nonprivate_metric:
+        raise ConfigError(
+            f"--metric={metric}: computed from clients' own data, so selecting (or ASHA "
+            "stopping) trials on it is not covered by epsilon; pass "
+            "--allow-nonprivate-metric to tune on it anyway, or use --metric test_accuracy"
+        )
+    search = pick("search")
+    if search in ("optuna", "hyperopt") and importlib.util.find_spec(search) is None:
+        raise ConfigError(
+            f"--search={search}: the {search} package is not installed "
+            f"(pip install {search}), or use --search random"
+        )
+    base_tree = None
+    if record and args.config is None and not args.set:  # the folder's own config
+        base_tree = dict(record["config"])
+        section = dict(settings.get("tune") or {})
+        if settings.get("space") is not None:
+            section["space"] = settings["space"]
+        base_tree["tune"] = section
+    return TunePlan(
+        algorithms,
+        epsilons,
+        out,
+        total,
+        int(pick("num_samples")),
+        search,
+        pick("scheduler"),
+        pick("tuning_privacy"),
+        float(pick("tnb_shape")),
+        metric,
+        pick("runner"),
+        base_tree,
+    )
 
 
 def tune_command(args: argparse.Namespace) -> int:
     """``dpfl tune``: plan, claim the folder, run the sweep, print its trials."""
     plan = plan_tune(args)
-    algorithms, epsilons, out = plan.algorithms, plan.epsilons, plan.out
+    out = plan.out
     # --overwrite: the old folder is set aside, and restored if the new experiment
     # fails its checks before creating anything.
     aside = None
@@ -71,7 +174,7 @@ def tune_command(args: argparse.Namespace) -> int:
     # A default name is claimed exclusively (as run and compare do); if the experiment
     # then fails before writing anything but Ray's log, the claimed folder is removed.
     claimed, parent_existed = None, out.parent.exists()
-    if not args.out:
+    if not args.out and args.resume is False:
         out = claimed = claim_out(out, overwrite=False, default=True)
     import ray
 
@@ -79,23 +182,25 @@ def tune_command(args: argparse.Namespace) -> int:
 
     owns_ray = not ray.is_initialized()  # a caller's Ray (a notebook, a test) stays up
     try:
-        with quiet_ray(out, args.verbose, defer=args.resume):
+        with quiet_ray(out, args.verbose, defer=args.resume is not False):
             try:
                 trials = run_tune(
                     args.config,
-                    algorithms,
-                    epsilons,
-                    num_samples=args.num_samples,
-                    search=args.search,
-                    scheduler=args.scheduler,
-                    metric=args.metric,
+                    plan.algorithms,
+                    plan.epsilons,
+                    num_samples=plan.num_samples,
+                    search=plan.search,
+                    scheduler=plan.scheduler,
+                    metric=plan.metric,
                     out=out,
-                    resume=args.resume,
+                    resume=args.resume is not False,
                     smoke_test=args.smoke_test,
                     overrides=args.set,
-                    tuning_privacy=args.tuning_privacy,
-                    tnb_shape=args.tnb_shape,
-                    runner=args.runner,
+                    tuning_privacy=plan.tuning_privacy,
+                    tnb_shape=plan.tnb_shape,
+                    runner=plan.runner,
+                    total=plan.total,
+                    base_tree=plan.base_tree,
                 )
             finally:
                 if owns_ray:

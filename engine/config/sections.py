@@ -134,9 +134,7 @@ class DatasetConfig:
             "false (clients built on demand) needs dataset.name=synthetic and "
             "dataset.partition=natural",
         )
-        _check(
-            self.validation_size >= 0, "dataset.validation_size", self.validation_size, ">= 0"
-        )
+        _check(self.validation_size >= 0, "dataset.validation_size", self.validation_size, ">= 0")
         _check(
             self.validation_size == 0 or self.partition in ("iid", "dirichlet"),
             "dataset.validation_size",

@@ -70,8 +70,6 @@ def test_bad_validation_sizes_are_refused_naming_the_key(override, key) -> None:
 
 def test_a_validation_set_that_leaves_no_client_data_is_refused() -> None:
     pytest.importorskip("sklearn")
-    cfg = load_config(
-        overrides=["dataset.name=digits", "dataset.validation_size=100000"]
-    ).dataset
+    cfg = load_config(overrides=["dataset.name=digits", "dataset.validation_size=100000"]).dataset
     with pytest.raises(ValueError, match="dataset.validation_size=100000"):
         build_dataset(cfg, rngs.numpy_rng(0, rngs.DATA))
