@@ -66,7 +66,8 @@ def test_total_budget_papernot_steinke_over_a_rounds_grid(tmp_path) -> None:
     covers every configuration a trial could have drawn (the budget's own total)."""
     cfg = tmp_path / "grid.yaml"
     cfg.write_text(
-        "tune:\n  total_epsilon: 4\n  space:\n    all:\n      rounds: {type: choice, values: [1, 2]}\n"
+        "tune:\n  total_epsilon: 4\n  space:\n    all:\n"
+        "      rounds: {type: choice, values: [1, 2]}\n"
     )
     out = tmp_path / "ps"
     argv = ["tune", *FAST, "--config", str(cfg), "--tuning-privacy", "poisson"]
