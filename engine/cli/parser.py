@@ -152,10 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp_.add_argument(
         "--scale",
-        choices=["paper", "cpu"],
-        default="paper",
-        help="with a preset --config (experiments/*.yaml): the paper's setting, or the "
-        "CPU scale on the offline digits data",
+        choices=["paper", "cpu", "real"],
+        default=None,
+        help="with a preset --config (experiments/*.yaml): the paper's setting (default), "
+        "the CPU scale on the offline digits data, or the real scale (Fashion-MNIST)",
     )
     cmp_.add_argument("--out", metavar="DIR", help="folder (default results/<timestamp>-compare)")
     cmp_.add_argument(
@@ -170,9 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp_.add_argument(
         "--resume",
-        action="store_true",
-        help="continue the comparison in --out (give the same flags): finished runs are "
-        "kept, interrupted ones continue from their checkpoints",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="DIR",
+        help="continue the comparison in DIR (or --out) with the settings it started with "
+        "(compare.json; a flag given again must agree): finished runs are kept, interrupted "
+        "ones continue from their checkpoints",
     )
     _add_console_args(cmp_)
 

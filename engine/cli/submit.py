@@ -208,7 +208,7 @@ def validate_dpfl_args(args: list[str], working_dir: Path) -> argparse.Namespace
         preset = read_preset(config_path) if config_path and local_config else None
         if preset is not None:  # a paper preset (experiments/*.yaml)
             parse_algorithms(ns.algorithms or ",".join(preset.algorithms), preset.variants)
-            load_config(base=preset.tree(ns.scale), overrides=ns.set)
+            load_config(base=preset.tree(ns.scale or "paper"), overrides=ns.set)
         else:
             parse_algorithms(ns.algorithms or "all")
             load_config(config_path if local_config else None, ns.set)
