@@ -325,9 +325,20 @@ def accountant_total(budget: Budget, sigmas: list[float] | tuple[float, ...]) ->
     )[0]
 
 
+#: Budgets solved in this process (a solve is deterministic: the same budget, the same σ's).
+_SOLVED: dict[Budget, BudgetSolution] = {}
+
+
 def solve_budget(budget: Budget) -> BudgetSolution:
     """The per-trial ε and σ's whose total is in [E·(1 − TOLERANCE), E] (module
-    docstring); BudgetError (one line) when E cannot be met."""
+    docstring); BudgetError (one line) when E cannot be met. Remembered for the
+    process."""
+    if budget not in _SOLVED:
+        _SOLVED[budget] = _solve(budget)
+    return _SOLVED[budget]
+
+
+def _solve(budget: Budget) -> BudgetSolution:
     configs = budget.configurations
     ref = budget.draws[0] if budget.mode == selection.COMPOSE else 0
     hints: dict[int, float] = {}

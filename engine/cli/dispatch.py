@@ -16,7 +16,7 @@ from engine.cli.info import algorithms_command, config_command
 from engine.cli.parser import COMMANDS, build_parser
 from engine.cli.privacy import privacy_command
 from engine.cli.run import run_command
-from engine.cli.tune import report_command, tune_command
+from engine.cli.tune import leaderboard_command, report_command, tune_command
 from engine.config import ConfigError
 from engine.runtime.switches import QUIET_ENV
 
@@ -41,6 +41,7 @@ HANDLERS = {
     "compare": compare_command,
     "tune": tune_command,
     "report": report_command,
+    "leaderboard": leaderboard_command,
     "submit": _submit,
     "algorithms": algorithms_command,
     "config": config_command,

@@ -19,7 +19,17 @@ TUNE_METRICS = ("test_accuracy", "personal_accuracy_nonprivate")
 #: Ray's console output goes to this file in the results folder (``--verbose`` shows it).
 RAY_LOG = "ray.log"
 #: The commands; :data:`engine.cli.dispatch.HANDLERS` has one handler for each.
-COMMANDS = ("run", "privacy", "compare", "tune", "report", "submit", "algorithms", "config")
+COMMANDS = (
+    "run",
+    "privacy",
+    "compare",
+    "tune",
+    "report",
+    "leaderboard",
+    "submit",
+    "algorithms",
+    "config",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -270,6 +280,41 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--iterations", type=int, help="stop --watch after this many redraws (default: at the end)"
     )
+
+    lb = sub.add_parser(
+        "leaderboard",
+        help="methods x total epsilon: each tuned under a budget that pays for the tuning, "
+        "selected on a public validation set, compared over paired seeds",
+        description="docs/leaderboard.md: the protocol, the decision rule, the threat model.",
+    )
+    _add_config_args(lb)  # the YAML: a config diff plus a leaderboard: section
+    lb.add_argument("--methods", "-a", help="private recipes to rank, a,b,c (leaderboard.methods)")
+    lb.add_argument("--baseline", help="the method others are paired against (dp_fedavg)")
+    lb.add_argument(
+        "--total-epsilon", metavar="E1,E2,...", help="total budgets (leaderboard.total_epsilons)"
+    )
+    lb.add_argument(
+        "--trials", type=int, help="trials per cell (their mean under Papernot-Steinke)"
+    )
+    lb.add_argument("--seeds", type=int, help="fresh seeds for the selected configuration (5)")
+    lb.add_argument(
+        "--tuning-privacy",
+        choices=["compose", "poisson", "truncated_negative_binomial"],
+        help="how the search is paid for (compose: every trial accounted)",
+    )
+    lb.add_argument(
+        "--out", metavar="DIR", help="a new folder (default results/<time>-leaderboard)"
+    )
+    lb.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="DIR",
+        help="continue the leaderboard in DIR (or --out) with its settings: finished runs "
+        "are kept, interrupted ones continue from their checkpoints",
+    )
+    _add_console_args(lb)
 
     sb = sub.add_parser(
         "submit",

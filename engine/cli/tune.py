@@ -1,5 +1,6 @@
-"""``dpfl tune`` (a Ray Tune sweep, :mod:`tuning.experiment`) and ``dpfl report``
-(the report of a finished sweep, or ``--watch`` to redraw its figures while it runs)."""
+"""``dpfl tune`` (a Ray Tune sweep, :mod:`tuning.experiment`), ``dpfl report`` (the
+report of a finished sweep, or ``--watch`` to redraw its figures while it runs) and
+``dpfl leaderboard`` (methods × total ε, :mod:`tuning.leaderboard`)."""
 
 from __future__ import annotations
 
@@ -279,4 +280,43 @@ def _watch(directory: Path, args: argparse.Namespace) -> int:
 
     print(f"watching {directory}: {LIVE_EPSILON_PNG}, {LIVE_ROUND_PNG} redrawn there", flush=True)
     watch(directory, args.interval, args.iterations, echo=lambda s: print(s, flush=True))
+    return 0
+
+
+def leaderboard_command(args: argparse.Namespace) -> int:
+    """``dpfl leaderboard``: settings from the YAML's ``leaderboard:`` section and the
+    flags (``--resume DIR`` alone: the folder's), then :func:`run_leaderboard`."""
+    from engine.config import config_from_dict, load_config, read_yaml_mapping
+    from tuning.leaderboard.command import read_started, run_leaderboard
+    from tuning.leaderboard.settings import settings_from
+
+    resume = args.resume is not False
+    folder = args.resume if isinstance(args.resume, str) else args.out
+    if isinstance(args.resume, str) and args.out and Path(args.out) != Path(args.resume):
+        raise ConfigError(
+            f"--resume {args.resume} and --out {args.out} name different folders: give one"
+        )
+    if resume and not folder:
+        raise ConfigError("--resume: give the leaderboard to continue, --resume DIR")
+    out = Path(folder) if folder else default_out("leaderboard")
+    flags = {
+        "methods": args.methods,
+        "baseline": args.baseline,
+        "total_epsilons": args.total_epsilon,
+        "trials": args.trials,
+        "seeds": args.seeds,
+        "tuning_privacy": args.tuning_privacy,
+    }
+    if resume and args.config is None and not args.set:  # the folder's own settings
+        tree, section = read_started(out)
+        config = config_from_dict(tree)
+    else:
+        tree = read_yaml_mapping(args.config) if args.config else {}
+        section = tree.pop("leaderboard", {}) or {}
+        config = load_config(base=tree, overrides=args.set)
+    settings = settings_from(section, flags)
+    echo = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    with quiet_ray(out, args.verbose, config.ray.executor == "ray", defer=True):
+        run_leaderboard(settings, config, out.resolve(), resume, echo)
+    print(f"results: {out / 'leaderboard.md'} (dpfl leaderboard --resume {out} continues it)")
     return 0

@@ -58,6 +58,7 @@ CLIP_COUNT = 8  # noise of adaptive clipping's released count (server)
 AUDIT = 9  # canary directions and canary participation (engine.privacy.audit)
 TRIAL_SEED = 10  # dpfl tune: run seed of trial k of (algorithm, ε) (tuning.trial)
 TUNING_COUNT = 11  # dpfl tune: the random number of trials K (tuning.experiment)
+LEADERBOARD = 12  # dpfl leaderboard: paired draws and run seeds (tuning.leaderboard.draws)
 
 
 def derive_seed(seed: int, *key: int) -> int:
