@@ -10,13 +10,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.cli.common import check_out, claim_out, default_out, quiet_ray, shutdown_ray
 from engine.cli.parser import RAY_LOG, parse_floats
 from engine.config import ConfigError
 
 #: What a flag means when it is not given and no resumed folder recorded it.
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {
     "algorithms": "dp_fedavg",
     "epsilons": "4",
     "num_samples": 4,
@@ -78,7 +79,7 @@ def _budgets(args: argparse.Namespace, settings: dict) -> tuple[list[float], boo
             return [float(v) for v in values], True
         except (TypeError, ValueError):
             raise ConfigError(f"tune.total_epsilon={total!r}: expected numbers") from None
-    return parse_floats(DEFAULTS["epsilons"], "--epsilons"), False
+    return parse_floats(str(DEFAULTS["epsilons"]), "--epsilons"), False
 
 
 def plan_tune(args: argparse.Namespace) -> TunePlan:
@@ -124,7 +125,7 @@ def plan_tune(args: argparse.Namespace) -> TunePlan:
     if args.algorithms is None and settings:
         algorithms = parse_algorithms(",".join(settings["algorithms"]))
     else:
-        algorithms = parse_algorithms(args.algorithms or DEFAULTS["algorithms"])
+        algorithms = parse_algorithms(args.algorithms or str(DEFAULTS["algorithms"]))
     epsilons, total = _budgets(args, settings)
     metric = pick("metric")
     if metric.endswith("_nonprivate") and not args.allow_nonprivate_metric:

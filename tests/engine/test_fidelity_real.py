@@ -1,9 +1,9 @@
-"""The real scale of the paper presets (issue 28 item 4): scripts/fidelity.py's interval,
-decision rule and page splicing, and every ``real:`` tree of experiments/*.yaml."""
+"""The real scale of the paper presets (issue 28 item 4): scripts.fidelity's interval,
+decision rule and page splicing (the section labelled untuned, pointing to the
+leaderboard), and every ``real:`` tree of experiments/*.yaml."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -14,27 +14,14 @@ from scipy import stats
 
 from engine.config import load_config
 from engine.config.presets import SCALES, read_preset
+from scripts.fidelity import page as fpage
+from scripts.fidelity import runs as fruns
+from scripts.fidelity import stats as fstats
+from scripts.fidelity.verdicts import cpu_verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
 REAL = [p for p in PRESETS if "real" in (read_preset(p).scales if read_preset(p) else {})]
-
-
-def _fidelity():
-    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "scripts" / "fidelity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fidelity = _fidelity()
-
-
-@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 6, 9, 10, 17, 30, 61])
-@pytest.mark.parametrize("level", [0.5, 0.9, 0.95, 0.99])
-def test_t_quantile_matches_scipy(df: int, level: float) -> None:
-    expected = stats.t.ppf(0.5 + level / 2, df)
-    assert fidelity.t_quantile(level, df) == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 20])
@@ -42,14 +29,14 @@ def test_t_interval_matches_scipy(n: int) -> None:
     rng = np.random.default_rng(n)
     for _ in range(5):
         xs = rng.normal(rng.normal(), rng.uniform(0.01, 2.0), size=n)
-        mean, lo, hi = fidelity.t_interval(xs)
+        mean, lo, hi = fstats.t_interval(xs)
         elo, ehi = stats.t.interval(0.95, n - 1, loc=xs.mean(), scale=stats.sem(xs))
         assert mean == pytest.approx(xs.mean(), abs=1e-12)
         assert (lo, hi) == (pytest.approx(elo, abs=1e-9), pytest.approx(ehi, abs=1e-9))
 
 
 def test_t_interval_of_one_value_has_no_width() -> None:
-    mean, lo, hi = fidelity.t_interval([0.3])
+    mean, lo, hi = fstats.t_interval([0.3])
     assert mean == 0.3 and math.isnan(lo) and math.isnan(hi)
 
 
@@ -57,30 +44,30 @@ def test_decision_rule_has_three_outcomes_on_constructed_differences() -> None:
     up = [0.05, 0.06, 0.04, 0.055, 0.045]
     down = [-d for d in up]
     mixed = [0.05, -0.04, 0.01, -0.02, 0.03]
-    assert fidelity.decide(*fidelity.t_interval(up)[1:]) == "reproduced"
-    assert fidelity.decide(*fidelity.t_interval(down)[1:]) == "reversed"
-    assert fidelity.decide(*fidelity.t_interval(mixed)[1:]) == "inconclusive"
+    assert fstats.decide(*fstats.t_interval(up)[1:]) == "reproduced"
+    assert fstats.decide(*fstats.t_interval(down)[1:]) == "reversed"
+    assert fstats.decide(*fstats.t_interval(mixed)[1:]) == "inconclusive"
     # a positive mean whose interval still reaches 0 decides nothing
     noisy = [0.2, -0.1, 0.15, -0.05, 0.1]
-    _, lo, hi = fidelity.t_interval(noisy)
+    _, lo, hi = fstats.t_interval(noisy)
     assert np.mean(noisy) > 0 and lo < 0 < hi
-    assert fidelity.decide(lo, hi) == "inconclusive"
+    assert fstats.decide(lo, hi) == "inconclusive"
 
 
 def test_a_claim_over_several_epsilons_needs_every_epsilon() -> None:
-    assert fidelity.combine(["reproduced", "reproduced"]) == "reproduced"
-    assert fidelity.combine(["reproduced", "inconclusive"]) == "inconclusive"
-    assert fidelity.combine(["reversed", "reproduced"]) == "inconclusive"
-    assert fidelity.combine(["reversed", "reversed"]) == "reversed"
-    assert fidelity.combine([]) == "inconclusive"
+    assert fstats.combine(["reproduced", "reproduced"]) == "reproduced"
+    assert fstats.combine(["reproduced", "inconclusive"]) == "inconclusive"
+    assert fstats.combine(["reversed", "reproduced"]) == "inconclusive"
+    assert fstats.combine(["reversed", "reversed"]) == "reversed"
+    assert fstats.combine([]) == "inconclusive"
 
 
 def test_reversal_of_the_cpu_verdict() -> None:
-    assert fidelity.reverses("reproduced (difference within one std)", "reversed")
-    assert fidelity.reverses("not reproduced", "reproduced")
-    assert not fidelity.reverses("not reproduced", "reversed")
-    assert not fidelity.reverses("reproduced", "inconclusive")
-    assert not fidelity.reverses("no reference at cpu scale", "reproduced")
+    assert fstats.reverses("reproduced (difference within one std)", "reversed")
+    assert fstats.reverses("not reproduced", "reproduced")
+    assert not fstats.reverses("not reproduced", "reversed")
+    assert not fstats.reverses("reproduced", "inconclusive")
+    assert not fstats.reverses("no reference at cpu scale", "reproduced")
 
 
 def test_paired_differences_pair_by_seed_and_epsilon() -> None:
@@ -96,12 +83,12 @@ def test_paired_differences_pair_by_seed_and_epsilon() -> None:
                     {"epsilon_target": e, "algorithm": alg, "seed": s, "final_accuracy": acc}
                 )
     frame = pd.DataFrame(rows).sample(frac=1.0, random_state=1)  # order must not matter
-    out = fidelity.paired(preset, frame)
+    out = fstats.paired(preset, frame)
     assert [o["epsilon_target"] for o in out] == [1.0, 6.0]
     assert out[0]["diffs"] == pytest.approx([0.1 + 0.01 * s for s in range(5)])
     assert out[1]["diffs"] == pytest.approx([-0.1 + 0.01 * s for s in range(5)])
     assert [o["verdict"] for o in out] == ["reproduced", "reversed"]
-    assert fidelity.combine([o["verdict"] for o in out]) == "inconclusive"
+    assert fstats.combine([o["verdict"] for o in out]) == "inconclusive"
 
 
 def test_real_section_is_spliced_and_the_rest_of_the_page_survives() -> None:
@@ -111,7 +98,7 @@ def test_real_section_is_spliced_and_the_rest_of_the_page_survives() -> None:
             "",
             "hand-added text",
             "",
-            fidelity.REAL_HEADING,
+            fpage.REAL_HEADING,
             "",
             "old body",
             "",
@@ -120,13 +107,13 @@ def test_real_section_is_spliced_and_the_rest_of_the_page_survives() -> None:
             "| kept |",
         ]
     )
-    new = fidelity.splice_section(page, fidelity.REAL_HEADING, [fidelity.REAL_HEADING, "", "new"])
+    new = fpage.splice_section(page, fpage.REAL_HEADING, [fpage.REAL_HEADING, "", "new"])
     assert "old body" not in new and "new" in new
     assert new.startswith("# Title\n\nhand-added text\n")
     assert new.rstrip().endswith("## Ablation\n\n| kept |")
-    assert fidelity.section_of(new, fidelity.REAL_HEADING) == [fidelity.REAL_HEADING, "", "new"]
+    assert fpage.section_of(new, fpage.REAL_HEADING) == [fpage.REAL_HEADING, "", "new"]
     # a page without the section gets it appended
-    assert fidelity.splice_section("# T\n", "## X", ["## X", "", "b"]).endswith("## X\n\nb\n")
+    assert fpage.splice_section("# T\n", "## X", ["## X", "", "b"]).endswith("## X\n\nb\n")
 
 
 def test_cpu_verdicts_are_read_from_the_page() -> None:
@@ -135,7 +122,7 @@ def test_cpu_verdicts_are_read_from_the_page() -> None:
         "| (same) | `a.yaml` | paper | — | not yet run |\n"
         "| claim | `b.yaml` | cpu | numbers | not reproduced (difference within one std) |\n"
     )
-    assert fidelity.cpu_verdicts(page) == {
+    assert cpu_verdicts(page) == {
         "a": "reproduced",
         "b": "not reproduced (difference within one std)",
     }
@@ -149,7 +136,7 @@ def test_real_is_a_preset_scale_and_some_presets_have_it() -> None:
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
 def test_every_real_tree_is_fashion_mnist_at_the_paper_client_count(path: Path) -> None:
     preset = read_preset(path)
-    real = load_config(None, [], base=fidelity.real_tree(preset))
+    real = load_config(None, [], base=fruns.real_tree(preset))
     paper = load_config(None, [], base=preset.tree("paper"))
     assert real.dataset.name == "fashion_mnist"
     assert real.dataset.num_clients == paper.dataset.num_clients
@@ -164,12 +151,12 @@ def test_every_real_tree_is_fashion_mnist_at_the_paper_client_count(path: Path) 
     for key in ("epochs", "steps", "batch_size", "lr"):
         assert getattr(real.local, key, None) == getattr(paper.local, key, None), key
     # the rows the real scale runs are the claim's two, and they plan
-    rows = fidelity.real_rows(preset)
+    rows = fruns.real_rows(preset)
     rule = preset.meta["verdict"]
     assert rows == [rule["than"], rule["better"]]
     from engine.simulation.compare import plan
 
-    runs = plan(real, rows, Path("unused"), [0], [], fidelity.real_variants(preset))
+    runs = plan(real, rows, Path("unused"), [0], [], fruns.real_variants(preset))
     assert [r.config.algorithm for r in runs] == [preset.recipe(a) for a in rows]
     # a variant row keeps the paper's local work (epochs, batch size); only its learning
     # rate may be the real tree's own
@@ -191,9 +178,21 @@ def test_real_variants_merge_the_real_trees_own_over_the_presets(tmp_path: Path)
         "  scales: {real: {rounds: 3, variants: {two: {local: {lr: 0.05}}}}}}\n"
     )
     preset = read_preset(path)
-    assert "variants" not in fidelity.real_tree(preset)
-    assert fidelity.real_variants(preset) == {
+    assert "variants" not in fruns.real_tree(preset)
+    assert fruns.real_variants(preset) == {
         "one": {"algorithm": "fedavg", "local": {"epochs": 1, "lr": 0.1}},
         "two": {"algorithm": "fedavg", "local": {"epochs": 5, "lr": 0.05}},
     }
     assert preset.variants["two"]["local"]["lr"] == 0.3  # the other scales keep theirs
+
+
+def test_the_real_section_is_labelled_untuned_and_points_to_the_leaderboard() -> None:
+    section = fpage.real_section([], [], {}, [])
+    assert section[0] == fpage.REAL_HEADING and "untuned" in section[0]
+    text = "\n".join(section)
+    assert "do not rank the methods" in text and "leaderboard.md" in text
+    # a page written under the section's former heading gets the section replaced
+    old = "\n".join(["# T", "", fpage.OLD_REAL_HEADINGS[0], "", "old verdicts", "", "## Next", ""])
+    new = fpage.splice_section(old, fpage.REAL_HEADING, section, fpage.OLD_REAL_HEADINGS)
+    assert "old verdicts" not in new and fpage.REAL_HEADING in new and "## Next" in new
+    assert fpage.OLD_REAL_HEADINGS[0] not in new

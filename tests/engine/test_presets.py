@@ -85,11 +85,8 @@ def test_preset_variants_are_checked_and_listed_by_their_row_names(tmp_path) -> 
 
 
 def test_fidelity_verdict_reads_the_column_the_claim_is_about() -> None:
-    import importlib.util
+    from scripts.fidelity import verdicts as fidelity
 
-    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "scripts" / "fidelity.py")
-    fidelity = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fidelity)
     rows = pd.DataFrame(
         {
             "epsilon_target": [1.0] * 4,
