@@ -22,6 +22,7 @@ from engine.base.atomic import atomic_write
 from engine.config import ConfigError, RunConfig
 from tuning import budget as budgets
 from tuning import selection
+from tuning.budget_search import solve_budget
 from tuning.plan import experiment_name
 
 BUDGETS_FILE = "budgets.json"
@@ -112,7 +113,7 @@ def plan_budgets(
             if budget not in memo:
                 echo(f"{name}: solving the per-trial budget for a total of {e:g} ...")
                 try:
-                    memo[budget] = budgets.solve_budget(budget)
+                    memo[budget] = solve_budget(budget)
                 except budgets.BudgetError as err:
                     raise ConfigError(f"{a}: {err}") from None
             solution = memo[budget]

@@ -13,6 +13,7 @@ from dp_accounting import dp_event, rdp
 
 from engine.privacy.accounting import SamplingSpec
 from tuning import budget as B
+from tuning import budget_search as S
 from tuning import selection
 
 N, Q, DELTA = 1000, 0.05, 1e-5
@@ -48,7 +49,7 @@ def solved() -> dict[str, B.BudgetSolution]:
     out = {}
     for mode, trials, shape, _ in RULES:
         draws = (0,) * trials if mode == "compose" else ()
-        out[mode] = B.solve_budget(B.Budget(4.0, mode, trials, shape, (config(20),), draws))
+        out[mode] = S.solve_budget(B.Budget(4.0, mode, trials, shape, (config(20),), draws))
     return out
 
 
@@ -99,7 +100,7 @@ def test_a_rounds_grid_gives_each_configuration_its_own_sigma_at_one_per_trial_e
     grid, mode
 ) -> None:
     draws = (0, 1, 1, 0, 1) if mode == "compose" else ()
-    s = B.solve_budget(B.Budget(3.0, mode, 5.0, math.inf, grid, draws))
+    s = S.solve_budget(B.Budget(3.0, mode, 5.0, math.inf, grid, draws))
     z10, z20 = s.sigmas
     assert z20 > z10  # more rounds at the same per-trial ε: more noise per round
     for c, z in zip(grid, s.sigmas, strict=True):
@@ -127,7 +128,7 @@ def test_a_rounds_grid_gives_each_configuration_its_own_sigma_at_one_per_trial_e
 
 def test_an_unreachable_total_is_one_error_naming_it() -> None:
     with pytest.raises(B.BudgetError, match=r"0\.005.*unreachable|unreachable.*0\.005") as err:
-        B.solve_budget(B.Budget(0.005, "poisson", 8.0, math.inf, (config(20),)))
+        S.solve_budget(B.Budget(0.005, "poisson", 8.0, math.inf, (config(20),)))
     assert "\n" not in str(err.value)
 
 

@@ -20,6 +20,7 @@ from engine.base.atomic import atomic_write
 from engine.config import ConfigError, RunConfig, dotted_leaves
 from tuning import budget as budgets
 from tuning import selection
+from tuning.budget_search import solve_budget
 from tuning.leaderboard import draws
 from tuning.leaderboard.cells import PERSONAL, RANKED, REFERENCE, Cell, read_record, run_cell
 from tuning.leaderboard.settings import SHARED_KEYS, LeaderboardSettings
@@ -133,7 +134,7 @@ def plan_budgets(
                 echo(
                     f"{cell.name}: solving the per-trial budget ({len(configs)} configurations) ..."
                 )
-                memo[budget] = budgets.solve_budget(budget)
+                memo[budget] = solve_budget(budget)
         except budgets.BudgetError as err:
             raise ConfigError(f"{cell.method}: {err}") from None
         records[cell.name] = memo[budget].record()
