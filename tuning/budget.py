@@ -37,7 +37,8 @@ per-trial budget ε_t and each configuration's noise multiplier. The argument (a
 * **The solve** (:mod:`tuning.budget_search`). The total decreases as σ grows. It is
   searched over the σ of a reference configuration (ε_t is that configuration's ε at
   it; the others' σ follow from ε_t) by regula falsi with the Illinois step on log σ
-  between a σ whose total exceeds E and one within it, until the total lies in [E·(1 − :data:`TOLERANCE`), E].
+  between a σ whose total exceeds E and one within it, until the total lies in
+  [E·(1 − :data:`TOLERANCE`), E].
   E is unreachable when even σ = 500 (``engine.privacy.resolve``'s bracket) leaves the
   total above E: the transform has a floor (log μ/(α−1) at the largest order) that no
   noise removes, and composition grows with the number of trials.
