@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from engine.base.atomic import atomic_write, writing
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["RoundWriter", "atomic_write", "write_json", "writing"]
 
@@ -33,6 +34,8 @@ class RoundWriter:
         self.flush()
 
     def frame(self) -> pd.DataFrame:
+        import pandas as pd  # here, not at import: `dpfl algorithms` imports no pandas
+
         return pd.DataFrame(self.rows)
 
     def flush(self) -> None:

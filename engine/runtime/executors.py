@@ -35,6 +35,7 @@ before importing the engine) and is re-exported here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -48,6 +49,26 @@ from engine.federated.server import ServerSpec, is_eval_round
 from engine.runtime.ray_start import ensure_ray  # noqa: F401 - the callers import it from here
 from engine.runtime.switches import QUIET_ENV  # noqa: F401 - tests read it from here
 from engine.telemetry import timeline
+
+
+class WorkerLostError(RuntimeError):
+    """Actors kept dying: the run stops; the rounds released so far are intact."""
+
+
+_INTACT = re.compile(r"The (\d+) completed rounds are intact\.")
+
+
+def with_released(error: WorkerLostError, released: int) -> WorkerLostError:
+    """``error`` stating ``released`` intact rounds: when round t+1 dies while round t's
+    evaluation was held (``ray.overlap_evaluation``), round t is not released either
+    (neither its row nor its checkpoint) and a resume computes it again."""
+    text = _INTACT.sub(
+        f"The {released} completed rounds are intact; round {released + 1} is computed "
+        "again on resume.",
+        str(error),
+    )
+    return WorkerLostError(text)
+
 
 _Played = TypeVar("_Played")
 #: ``release(row, checkpoint)``: :meth:`Executor.run_rounds` hands over a finished row
@@ -277,7 +298,13 @@ class Executor:
                     evaluate_behind=rnd + 1 < stop,
                 )
 
-            row, behind = pool.attempt(rnd, play)
+            try:
+                row, behind = pool.attempt(rnd, play)
+            except WorkerLostError as lost:
+                if held is None:
+                    raise
+                # Round rnd - 1's evaluation died with the worker: it stays unreleased.
+                raise with_released(lost, rnd - 1) from lost
             row["actor_retries_nonprivate"] = pool.retries
             release_held(recover=True)  # when a lost worker kept it from the round
             handle = pool.checkpoint_handle()

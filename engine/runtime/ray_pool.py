@@ -17,7 +17,7 @@ from engine.data.shared import by_reference
 from engine.federated.client import ClientWorker, LocalSpec, owner_shard
 from engine.federated.server import Server, ServerSpec
 from engine.runtime.driver_server import DriverServer, server_in_driver, single_machine
-from engine.runtime.executors import Executor, round_plan
+from engine.runtime.executors import Executor, WorkerLostError, round_plan
 from engine.runtime.ray_start import ensure_ray, release_ray
 from engine.telemetry import timeline
 from engine.telemetry.phases import OFF
@@ -43,10 +43,6 @@ def ray_executor(
 
 class _RestartRound(Exception):
     """Internal: restore every actor to the round checkpoint and re-run the round."""
-
-
-class WorkerLostError(RuntimeError):
-    """Actors kept dying: the run stops; the rounds completed so far are intact."""
 
 
 class RayWorkerPool:

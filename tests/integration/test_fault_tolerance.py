@@ -111,8 +111,11 @@ def test_no_restarts_left_stops_with_rounds_intact(outcomes) -> None:
     assert died_in >= 3
     rows = pd.read_parquet(out / f"run{SCENARIOS.index(spec)}" / "rounds.parquet")
     clean = results["dp_fedavg:3:0:none"]["rows"]
-    done = died_in - 1
-    assert list(rows["round"]) == list(range(1, done + 1))  # every completed round, no more
+    # The message counts the released rounds: round died_in - 1 too, unless its
+    # evaluation (overlapped with round died_in's training) died with the worker.
+    done = int(re.search(r"The (\d+) completed rounds are intact", stopped["error"]).group(1))
+    assert done in (died_in - 1, died_in - 2)
+    assert list(rows["round"]) == list(range(1, done + 1))  # every released round, no more
     assert list(rows["epsilon"]) == clean["epsilon"][:done]
     assert list(rows["test_accuracy"]) == clean["test_accuracy"][:done]
 
@@ -122,3 +125,14 @@ def test_restart_cost_is_reported(outcomes) -> None:
     results, _ = outcomes
     for spec in ("dp_fedavg:3:1:client-worker-1", "dp_fedavg:3:1:server"):
         assert 0 < results[spec]["retry_seconds"] < results[spec]["seconds"]
+
+
+def test_lost_evaluation_is_counted_as_unreleased() -> None:
+    """A worker lost in round t+1 while round t's evaluation was held leaves t - 1 rows:
+    the message must say so, not count round t as intact."""
+    from engine.runtime.executors import WorkerLostError, with_released
+
+    lost = WorkerLostError("round 4: w died 1 times; stopping. The 3 completed rounds are intact.")
+    text = str(with_released(lost, 2))
+    assert "The 2 completed rounds are intact; round 3 is computed again on resume." in text
+    assert "The 3 completed" not in text
