@@ -72,7 +72,7 @@ KEY_HELP: dict[str, str] = {
     "eval.audit_canaries": "K > 0: K canary clients join the population; the run reports "
     "the one-shot empirical epsilon estimate (an estimate, not a guarantee)",
     "eval.audit_every_round": "audit with every round's released update, not only the final "
-    "model's delta (dp_ftrl, dp_bandmf: the rounds whitened by the mechanism's own matrix)",
+    "model's delta (correlated noise: the rounds whitened by the mechanism's own matrix)",
     "privacy.epsilon": "target epsilon, sigma calibrated to it (null with noise_multiplier "
     "null: 4)",
     "privacy.delta": "delta in (0, 1); null: min(N^-1.1, 0.01/N), N = dataset.num_clients",
@@ -124,11 +124,18 @@ def key_help() -> dict[str, str]:
     and the recipe: lists of transforms, which name the registered ones."""
     client = ", ".join(registry.names("client_transform"))
     server = ", ".join(registry.names("server_transform"))
+
+    def named(kind: str, default: str) -> str:
+        return f"algorithm=custom: {', '.join(registry.names(kind))} (null: {default})"
+
     return {
         **KEY_HELP,
         **registry.key_help(),
         "recipe.client_transforms": f"algorithm=custom: before clipping, any of {client}",
         "recipe.server_transforms": f"algorithm=custom: after the noise, any of {server}",
+        "recipe.server_step": named("server_step", "fedavg, or the step rule's own"),
+        "recipe.noise": named("noise", "gaussian, independent every round"),
+        "recipe.participation": named("participation", "sampled, the sampling: section"),
     }
 
 

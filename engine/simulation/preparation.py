@@ -73,8 +73,9 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
         # The run's one pipeline: server and workers receive this object, and noise,
         # clipping and the accountant read C, z (and z_Δ) from its privatizer.
         algo = config.algo
-        if plan.sampling.mode == "bands":  # the bands the participation was built with
-            algo = dataclasses.replace(algo, bands=plan.sampling.bands)
+        resolved = plan.sampling.algo_keys()  # what the participation resolved (bands)
+        if resolved:
+            algo = dataclasses.replace(algo, **resolved)
         pipeline = build_pipeline(
             config.algorithm,
             algo,
