@@ -26,6 +26,8 @@ KEY_HELP: dict[str, str] = {
     "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
     "rounds": "number of rounds T",
     "out": "results folder (null: results/<timestamp>-<algorithm>); never overwritten",
+    "callbacks": "import paths (module:name) of per-round callbacks: a class or function "
+    "called with no argument, or an instance (copied per run); see docs/extending.md",
     "dataset.name": "synthetic, digits (sklearn 8x8, offline), mnist, fashion_mnist, emnist, "
     "cifar10, cifar100, svhn, femnist, shakespeare",
     "dataset.root": "folder holding the dataset files (null for synthetic; for fashion_mnist "
