@@ -6,7 +6,7 @@ through the same engine order and privacy guard (docs/algorithms.md §0, §9)::
     algorithm: custom
     recipe:
       private: true                      # false: no clipping, no noise, epsilon = inf
-      step: sam                          # sgd | sam | pgn
+      step: sam                          # sgd | sam | any registered step rule
       regularizer: blur                  # optional: blur
       constraint: ball                   # optional: project onto the C-ball every step
       client_transforms: [topk]          # before clipping: topk | randk | lus
@@ -20,11 +20,10 @@ through the same engine order and privacy guard (docs/algorithms.md §0, §9)::
 
 The pieces are those of :mod:`algorithms.registry`; their parameters are the ``algo.*``
 keys the built-in recipes use, with the same defaults (so ``dpfl tune`` searches them
-the same way). A step rule may bring pieces with it (its spec's ``extend``): ``step:
-pgn`` brings DP-FedPGN's public drift removal/restore and its direction update
-(algorithms.dp_fedpgn). ``server_step``, ``noise`` and ``participation`` name a
-round's extension points (the registry's kinds of those names; DP-FTRL is ``noise:
-tree``, ``participation: epoch_passes``, ``server_step: ftrl``). Privacy: whatever the
+the same way). A step rule may bring pieces with it (its spec's ``extend``: a method's
+client and server transforms and its own server step, declared in the method's
+module). ``server_step``, ``noise`` and ``participation`` name a round's extension
+points (the registry's kinds of those names). Privacy: whatever the
 combination, updates are clipped to C and noised once with z·C on the noise support; a
 noise support restricted to a mask that depends on the data (top-k, LUS) is refused
 when the pipeline is built, and a noise scheme refuses a participation its event does
@@ -146,7 +145,7 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
     if recipe.step != "sgd":
         parts["step"] = make(recipe.step)
         extend = registry.spec(recipe.step).extend
-        if extend is not None:  # DP-FedPGN's drift and direction update come with its step
+        if extend is not None:  # what the step rule brings with it (its method's pieces)
             extend(parts["step"], parts)
     if recipe.regularizer is not None:
         parts["regularizer"] = make(recipe.regularizer)

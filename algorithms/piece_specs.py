@@ -1,6 +1,6 @@
 """The built-in pieces' declarations (:class:`~algorithms.registry.PieceSpec`) and the
 ``algo.*`` keys they read; :mod:`algorithms.registry` lists them, one line per piece
-(a method's own pieces are declared in its module, ``algorithms (its method modules)``).
+(a method's own pieces are declared in its module, the methods' modules in ``algorithms``).
 
 Torch-free: a builder imports :mod:`algorithms.pipeline` only when it runs. The defaults a
 builder picks for a null key are the papers' (docs/algorithms.md §1-§7).

@@ -301,7 +301,7 @@ class Pipeline:
     server_step: Any = field(default_factory=FedAvgStep)
     personal: PersonalSplit | None = None
     fixed_steps: bool = False  # every client runs exactly K local steps (K public)
-    plain_sgd: bool = False  # ignore momentum/weight decay (PGN's drift assumes plain steps)
+    plain_sgd: bool = False  # ignore momentum/weight decay (a public drift assumes plain steps)
 
     def __post_init__(self) -> None:
         p = self.privatizer

@@ -6,7 +6,7 @@ columns of ``rounds.parquet``). Defaults are the papers' (docs/algorithms.md §1
 where a published recipe is not private as written, the private form is built and the
 ``departure`` text says what differs. Summaries, privacy flags and citations come from
 :mod:`algorithms.catalog` (the papers' titles, authors, venues and arXiv ids). A method
-that is more than pieces declares its recipe in its module (``algorithms (its method modules)``),
+that is more than pieces declares its recipe in its module (the methods' modules in ``algorithms``),
 and :data:`RECIPES` lists it in one line.
 """
 

@@ -12,7 +12,7 @@ else derives from the registry: the names a ``recipe:`` section accepts and
 
 Adding a piece: its module (the piece and its spec) and one line of the registry below
 (the built-in specs are in :mod:`algorithms.piece_specs`, a method's in its module under
-``algorithms (its method modules)``); an extension registers its spec with :func:`register`. The
+the methods' modules in ``algorithms``); an extension registers its spec with :func:`register`. The
 kinds include a round's extension points: server steps, noise schemes and
 participations (:data:`algorithms.spec.KINDS`). Specs are plain data and their builders
 import torch only when they run, so the config can be read without torch.
@@ -48,7 +48,7 @@ from algorithms.piece_specs import (
 from algorithms.spec import Key, PieceSpec
 
 #: The registry: one line per piece (engine order within a kind), then each method
-#: module's pieces (algorithms (its method modules): one line per method).
+#: module's pieces (the methods' modules in algorithms: one line per method).
 _REGISTRY: dict[str, PieceSpec] = {
     s.name: s
     for s in (

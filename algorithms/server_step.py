@@ -10,9 +10,8 @@ does with them is the step's own:
   denominator, then the recipe's server transforms). With nothing between the noise and
   the step it takes the mechanism's fused pass (``GaussianMechanism.privatized_step``),
   equal bit for bit and without model-sized float64 temporaries;
-* the other built-in steps are their methods' (``algorithms (its method modules)``): DP-FedPGN's
-  direction update, DP-FTRL's step on tree-noised prefix sums, DP-BandMF's momentum on
-  de-correlated noisy means.
+* the other built-in steps are declared in their methods' modules (``algorithms``),
+  each with the privacy argument of what it uses.
 
 A step is declared by a frozen *piece* (registry kind ``server_step``, named by
 ``recipe.server_step``) whose :meth:`ServerStepPiece.start` makes the run's
@@ -23,7 +22,7 @@ them only through what the mechanism releases — :meth:`Aggregate.release`, or,
 step made for a correlated noise scheme (:attr:`ServerStepPiece.noise`), that scheme's
 own release, which its method's privacy argument covers; the pipeline refuses such a
 step with any other noise (and a correlated scheme with any other step). Everything a
-step returns (the model, :meth:`ServerStep.public` state such as PGN's g̃, its row
+step returns (the model, its :meth:`ServerStep.public` state, its row
 columns) is post-processing of releases, hence public.
 
 Torch-free at import: the config lists the registry's names without loading torch.
@@ -94,7 +93,7 @@ class ServerStep:
 
     def public(self) -> dict[str, torch.Tensor | None]:
         """Public state the next round's clients and the server transforms read, by name
-        (model-sized float32 vectors; PGN's ``g_tilde``). Post-processing only."""
+        (model-sized float32 vectors). Post-processing only."""
         return {}
 
     def update(self, rnd: int, weights: torch.Tensor, agg: Aggregate) -> torch.Tensor:
@@ -102,7 +101,7 @@ class ServerStep:
         raise NotImplementedError
 
     def row(self, rnd: int) -> dict[str, Any]:
-        """Public columns of round ``rnd``'s row (e.g. DP-FTRL's ``epoch``)."""
+        """Public columns of round ``rnd``'s row."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -84,8 +84,8 @@ class PieceSpec:
     keys: tuple[Key, ...] = ()
     space: dict[str, dict[str, Any]] = field(default_factory=dict)
     report: Callable[[Any, Any], dict[str, Any]] = lambda obj, pipeline: {}
-    #: a step rule that brings more pieces with it (DP-FedPGN's public drift and
-    #: direction update): ``extend(built_step, parts)`` edits the pipeline's parts
+    #: a step rule that brings more pieces with it (its method's transforms and
+    #: server step): ``extend(built_step, parts)`` edits the pipeline's parts
     extend: Callable[[Any, dict[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:

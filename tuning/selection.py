@@ -68,7 +68,7 @@ PRIVACY_KEYS = (
     "privacy.delta",
     "privacy.accountant",
     "dataset.",
-    "algo.bands",  # a banded strategy: its sensitivity, hence the calibrated σ
+    "algo.bands",  # a correlated strategy's shape: its sensitivity, hence the calibrated σ
 )
 
 

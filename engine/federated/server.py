@@ -11,7 +11,7 @@ between methods is in three objects the recipe's pipeline and plan hand it:
   with its noise scheme; the server only sums the clipped updates and takes the draw;
 * the **server step** (:mod:`algorithms.server_step`) turns the aggregate (clipped
   sum, draw, public denominator, server transforms) into the new model, and may hold
-  public state for the next round (DP-FedPGN's g̃) and add public row columns.
+  public state for the next round and add public row columns.
 
 Privacy (docs/algorithms.md §0–1): the server receives only sums of clipped updates
 (sensitivity C per client), the noise is the mechanism's, the denominator is public
@@ -168,7 +168,7 @@ class Server:
             "rounds_done": self.rounds_done,
             "clip_norm": self.clip_norm,  # C_t (the mechanism's), inf for a non-private run
             "audit": None if self.audit is None else self.audit.state_dict(),
-            "step": self.step.state_dict(),  # the server step's (PGN's g̃, DP-FTRL's tree)
+            "step": self.step.state_dict(),  # the server step's own state
         }
 
     def load_state_dict(self, state: dict) -> None:

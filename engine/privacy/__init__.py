@@ -8,7 +8,7 @@ pure clip and draw functions; :mod:`.participation` (and :mod:`.sampling`, the
 ``sampling:`` section's) draws cohorts and states the sampling the accountant assumes;
 :mod:`.accounting` turns (σ, participation, noise scheme, rounds, δ) into ε with
 dp-accounting, and :mod:`.resolve` turns any two of (ε, δ, σ) into the third
-(:mod:`.calibration_store` caches calibrations); :mod:`.tree_aggregation` and
-:mod:`.banded_mf` hold the arithmetic of the correlated noise schemes
-(``algorithms (its method modules)``); :mod:`.audit` measures a lower bound on ε with canaries.
+(:mod:`.calibration_store` caches calibrations); two modules hold the arithmetic of
+the correlated noise schemes the methods' modules (``algorithms``) build on;
+:mod:`.audit` measures a lower bound on ε with canaries.
 """

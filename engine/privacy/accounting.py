@@ -11,8 +11,8 @@ two objects and nothing else:
   replace one, RDP only: :mod:`engine.privacy.sampling`);
 * the run's noise scheme (:class:`engine.privacy.noise.NoiseScheme`), which makes the
   event of t rounds from that statement: independent noise composes the rounds'
-  subsampled Gaussians; correlated noise (``algorithms (its method modules)``) builds its own event
-  under the participation it was made for.
+  subsampled Gaussians; correlated noise (the methods' modules in ``algorithms``)
+  builds its own event under the participation it was made for.
 
 ε is never assumed: every figure comes from the event built from the noise
 multiplier, the participation and the number of rounds actually used. Turning a budget

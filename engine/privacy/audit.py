@@ -95,10 +95,21 @@ def audit_spec(config, plan, dim: int) -> AuditSpec | None:
     recipe (a canary's update is scaled to the clip norm, which such a recipe lacks), so
     ``dpfl compare`` and ``dpfl tune`` can mix private and non-private recipes. Under
     correlated noise (a scheme naming its statistic) the server builds the adapted
-    audit (:func:`engine.privacy.audit_correlated.make_audit`)."""
+    audit (:func:`engine.privacy.audit_correlated.make_audit`). Otherwise the canaries
+    take part at the clients' rate, which only a sampled participation's accounting
+    covers: another one is refused (ValueError), the audit's verdict would be about
+    neighbours the accountant does not cover."""
     k = config.eval.audit_canaries
     if k == 0 or not plan.private:
         return None
+    if plan.noise.audit_statistic is None:
+        try:
+            plan.sampling.statement.sampled_gaussian(1.0)
+        except ValueError:
+            raise ValueError(
+                f"eval.audit_canaries={k}: the canary audit needs sampled participation or "
+                f"a noise scheme with an audit model, not {plan.sampling.name}"
+            ) from None
     return AuditSpec(
         seed=config.seed,
         canaries=k,

@@ -1,5 +1,5 @@
-"""The canary audit under correlated noise (DP-FTRL's tree, DP-BandMF's banded strategy,
-or any noise scheme whose ``audit_model`` gives an :class:`AuditModel`).
+"""The canary audit under correlated noise: any noise scheme whose ``audit_model``
+gives an :class:`AuditModel` (the built-in correlated schemes do).
 
 The estimator and the lower bound are those of :mod:`engine.privacy.audit` (same
 Gaussian shift fit, same Clopper–Pearson threshold test at 95 %); two things change.
@@ -20,9 +20,9 @@ are neither independent nor the strongest test. Instead the audit keeps, every r
 the projections q_t = D·(x^{t+1} − x^t) of the model change on the 2K directions D and,
 at the end, inverts the public server step (the model's ``decode``) to get the
 projected noisy per-round sums X̂ (up to a constant factor). It then *whitens* them
-with the mechanism's own matrix W, whose rows carry independent noise of one scale
-(the tree: W's row t sums the rounds of the node ending at t; banded: W = C, so
-W·X̂ = C·X + Z). A canary in rounds π moves Y = W·X̂ by the signal v = W·1_π times C·u,
+with the mechanism's own matrix W, whose rows carry independent noise of one scale (each
+row one independent draw, e.g. one node of a tree, or a row of C·X + Z for a
+factorization C). A canary in rounds π moves Y = W·X̂ by the signal v = W·1_π times C·u,
 and the statistic of direction u is the matched filter vᵀ(Y·u)/‖v‖: Gaussian with the
 same variance for an inserted and a held-out direction, its mean moved by C‖v‖ when
 inserted — the Neyman–Pearson test of this canary, whose exact privacy is the Gaussian

@@ -24,7 +24,7 @@ updates (docs/algorithms.md §0):
 * **Accounting.** :meth:`GaussianMechanism.dp_event` is the event the accountant
   composes, from the accounted z (never z_Δ), the participation actually used and the
   mechanism's noise scheme (:mod:`engine.privacy.noise`: independent noise, or the
-  correlated schemes of ``algorithms (its method modules)``, which say what a round's draw is and
+  correlated schemes of the methods' modules in ``algorithms``, which say what a round's draw is and
   refuse a participation their event does not hold under).
 
 Norms and clipped counts computed while clipping are non-private diagnostics; only the
@@ -214,7 +214,7 @@ class GaussianMechanism:
 
     def dp_event(self, sampling: Participation, rounds: int | None = None) -> dp_accounting.DpEvent:
         """The accounted event of the accounted z under ``sampling``: the unit the
-        tracker composes (one round; one epoch's tree; the banded run), or with
+        tracker composes (one round, or the noise scheme's unit), or with
         ``rounds`` the whole run of that many rounds. Adaptive clipping is accounted
         with z as fixed clipping is (its two releases compose into one Gaussian). The
         scheme refuses a participation its event does not hold under."""

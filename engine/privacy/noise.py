@@ -10,8 +10,8 @@ scheme* says what that draw is and what it costs:
   one round is the participation's subsampled Gaussian
   (:meth:`engine.privacy.participation.Participation.sampled_gaussian`), and rounds
   compose (the accountant's RDP is then ``t · rdp₁``: :attr:`NoiseScheme.linear`);
-* correlated schemes (tree aggregation of DP-FTRL, the banded strategy of DP-BandMF:
-  ``algorithms (its method modules)``) make the draw a node of noise correlated across rounds; their
+* correlated schemes (declared in their methods' modules, ``algorithms``) make the
+  draw a node of noise correlated across rounds; their
   event is the whole run's, valid only under the participation they were built for
   (:meth:`NoiseScheme.accepts` refuses any other, so a recipe that pairs them wrongly is
   refused when it is built).

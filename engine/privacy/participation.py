@@ -12,8 +12,8 @@ mode name.
 Built in here: Poisson sampling (each client independently with probability q, add or
 remove one client; optionally truncated to ``max_cohort`` by a uniformly random subset)
 and fixed-size sampling without replacement (m of N, replace one client). Epoch passes
-(DP-FTRL) and b-min-separation (DP-BandMF) are defined with their methods
-(``algorithms (its method modules)``). A new scheme subclasses the statement it meets and overrides
+and b-min-separation are defined with the methods that use them (the methods' modules
+in ``algorithms``). A new scheme subclasses the statement it meets and overrides
 :meth:`Participation.draw`; :func:`check_draws` then samples the new draw when the run is
 built and refuses it unless its cohorts follow the law of the statement (cohort sizes,
 how often each client is drawn, the overlap of two rounds' cohorts), so a scheme that

@@ -38,7 +38,7 @@ class PrivacyPlan:
     noise: NoiseScheme = GAUSSIAN  # what a round's draw is and costs
 
     def summary(self) -> dict[str, Any]:
-        # the participation's own public facts (DP-FTRL: its passes' length)
+        # the participation's own public facts
         return self.sampling.columns() | {
             "private": self.private,
             "randomness": self.randomness,
@@ -79,7 +79,7 @@ def sampling_spec(config: RunConfig) -> Participation:
 
 def noise_scheme(config: RunConfig, sampling: Participation) -> NoiseScheme:
     """The run's noise scheme: the one its recipe names (``gaussian`` by default), with
-    the ``algo.*`` values the participation resolved (DP-BandMF's bands)."""
+    the ``algo.*`` values the participation resolved."""
     ctx = _context(config)
     spec = registry.spec(ctx.recipe.noise or "gaussian")
     algo = dataclasses.replace(config.algo, **sampling.algo_keys())

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from algorithms import RECIPES, build_pipeline
-from algorithms.pipeline import LUS, GaussianPrivatizer, Pipeline, RandK, TopK
-from engine.config import AlgoConfig, load_config
 from algorithms.dp_bandmf import MinSeparation
 from algorithms.dp_ftrl import EpochPasses
+from algorithms.pipeline import LUS, GaussianPrivatizer, Pipeline, RandK, TopK
+from engine.config import AlgoConfig, load_config
 from engine.privacy.accounting import SamplingSpec, make_accountant
 from engine.privacy.tree_aggregation import rounds_event
 from engine.simulation import simulate
