@@ -179,7 +179,10 @@ class Server:
             self.mechanism.load_state_dict(state)
         if self.audit is not None and state.get("audit") is not None:
             self.audit.load_state_dict(state["audit"])
-        self.step.load_state_dict(state["step"])
+        if "step" in state:
+            self.step.load_state_dict(state["step"])
+        else:  # a checkpoint written before server steps held their state: same layouts
+            self.step.load_state_dict(state.get("correlated") or {"g_tilde": state.get("g_tilde")})
 
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
