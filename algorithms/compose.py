@@ -6,23 +6,28 @@ through the same engine order and privacy guard (docs/algorithms.md §0, §9)::
     algorithm: custom
     recipe:
       private: true                      # false: no clipping, no noise, epsilon = inf
-      step: sam                          # sgd | sam | pgn
+      step: sam                          # sgd | sam | any registered step rule
       regularizer: blur                  # optional: blur
       constraint: ball                   # optional: project onto the C-ball every step
       client_transforms: [topk]          # before clipping: topk | randk | lus
       noise_support: all                 # all | public_mask (rand-k only)
       server_transforms: [laplacian_smoothing, server_topk]   # after the noise
       personal: false                    # true: DP²-FedSAM's personal heads
+      server_step: null                  # null: fedavg (or the step rule's own)
+      noise: null                        # null: gaussian (independent every round)
+      participation: null                # null: sampled (the sampling: section)
     algo: {rho: 0.05, asam: false, sigma_ls: 0.1}             # the pieces' parameters
 
 The pieces are those of :mod:`algorithms.registry`; their parameters are the ``algo.*``
 keys the built-in recipes use, with the same defaults (so ``dpfl tune`` searches them
-the same way). ``step: pgn`` brings DP-FedPGN's
-public drift removal/restore and its server update (every client runs exactly K local
-plain-SGD steps); ``laplacian_smoothing`` with ``step: pgn`` smooths the direction g̃ as
-DP-FedPGN-LS does. Privacy: whatever the combination, updates are clipped to C and
-noised once with z·C on the noise support, and a noise support restricted to a mask
-that depends on the data (top-k, LUS) is refused when the pipeline is built.
+the same way). A step rule may bring pieces with it (its spec's ``extend``: a method's
+client and server transforms and its own server step, declared in the method's
+module). ``server_step``, ``noise`` and ``participation`` name a round's extension
+points (the registry's kinds of those names). Privacy: whatever the
+combination, updates are clipped to C and noised once with z·C on the noise support; a
+noise support restricted to a mask that depends on the data (top-k, LUS) is refused
+when the pipeline is built, and a noise scheme refuses a participation its event does
+not hold under when the run is planned.
 
 This module imports no torch: :mod:`engine.config` checks names with it.
 """
@@ -53,6 +58,9 @@ class RecipeConfig:
     noise_support: str = "all"
     server_transforms: tuple[str, ...] = ()
     personal: bool = False
+    server_step: str | None = None  # null: fedavg, or the one the step rule brings
+    noise: str | None = None  # null: gaussian
+    participation: str | None = None  # null: sampled
 
     def __post_init__(self) -> None:
         def one_of(key: str, value: Any, names: tuple[str, ...]) -> None:
@@ -68,6 +76,9 @@ class RecipeConfig:
         for name in self.server_transforms:
             one_of("server_transforms", name, registry.names("server_transform"))
         one_of("noise_support", self.noise_support, NOISE_SUPPORTS)
+        for key in ("server_step", "noise", "participation"):
+            if getattr(self, key) is not None:
+                one_of(key, getattr(self, key), registry.names(key))
         for key in ("client_transforms", "server_transforms"):
             names = getattr(self, key)
             _check(len(set(names)) == len(names), f"recipe.{key}", list(names), "repeats a piece")
@@ -75,6 +86,12 @@ class RecipeConfig:
             self.private or self.noise_support == "all",
             "recipe.noise_support",
             self.noise_support,
+            "needs recipe.private=true (a non-private recipe adds no noise)",
+        )
+        _check(
+            self.private or self.noise in (None, "gaussian"),
+            "recipe.noise",
+            self.noise,
             "needs recipe.private=true (a non-private recipe adds no noise)",
         )
 
@@ -86,6 +103,9 @@ def pieces(recipe: Any) -> list[str]:
     out += list(recipe.client_transforms) + list(recipe.server_transforms)
     if recipe.personal:
         out.append("personal")
+    for key in ("participation", "noise", "server_step"):
+        if getattr(recipe, key, None) is not None:
+            out.append(getattr(recipe, key))
     return out
 
 
@@ -104,17 +124,11 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
     """The :class:`~algorithms.pipeline.Pipeline` of a recipe's pieces: the one place
     pieces are constructed, for ``algorithm: custom`` and for every built-in recipe
     (whose spelling :func:`algorithms.recipes.build_pipeline` passes here). Each piece
-    is made by its registered builder (:mod:`algorithms.registry`)."""
+    is made by its registered builder (:mod:`algorithms.registry`); a step rule that
+    brings pieces with it adds them (its spec's ``extend``)."""
     import math
 
-    from algorithms.pipeline import (
-        GaussianPrivatizer,
-        LaplacianSmoothing,
-        PGNDirection,
-        PGNDriftRemoval,
-        PGNDriftRestore,
-        Pipeline,
-    )
+    from algorithms.pipeline import GaussianPrivatizer, Pipeline
 
     C = clip_norm if recipe.private else math.inf
     ctx = BuildContext(clip_norm=C, model_name=model_name, recipe=recipe)
@@ -123,34 +137,32 @@ def build(recipe: Any, algo: Any, clip_norm: float, noise_multiplier: float, mod
         spec = registry.spec(name)
         return spec.build(spec.piece_class(), algo, ctx)
 
-    kw: dict[str, Any] = {}
+    parts: dict[str, Any] = {
+        "client_transforms": [make(name) for name in recipe.client_transforms],
+        "server_transforms": [make(name) for name in recipe.server_transforms],
+        "server_step": make(recipe.server_step) if recipe.server_step else None,
+    }
     if recipe.step != "sgd":
-        kw["step"] = make(recipe.step)
+        parts["step"] = make(recipe.step)
+        extend = registry.spec(recipe.step).extend
+        if extend is not None:  # what the step rule brings with it (its method's pieces)
+            extend(parts["step"], parts)
     if recipe.regularizer is not None:
-        kw["regularizer"] = make(recipe.regularizer)
+        parts["regularizer"] = make(recipe.regularizer)
     if recipe.constraint is not None:
-        kw["constraint"] = make(recipe.constraint)
-    client_transforms = [make(name) for name in recipe.client_transforms]
-    server_transforms = [make(name) for name in recipe.server_transforms]
-    if recipe.step == "pgn":  # DP-FedPGN's public drift and server update come with its step
-        beta = kw["step"].beta
-        client_transforms.insert(0, PGNDriftRemoval(beta))  # transforms see Δ̄
-        smoothing = [t for t in server_transforms if isinstance(t, LaplacianSmoothing)]
-        server_transforms = [t for t in server_transforms if t not in smoothing]
-        server_transforms.insert(0, PGNDriftRestore(beta))
-        kw.update(
-            server_update=PGNDirection(smoothing[0] if smoothing else None),
-            fixed_steps=True,
-            plain_sgd=True,
-        )
+        parts["constraint"] = make(recipe.constraint)
     if recipe.private:
-        kw["privatizer"] = GaussianPrivatizer(
-            C, noise_multiplier, site=algo.noise_site, noise_support=recipe.noise_support
+        parts["privatizer"] = GaussianPrivatizer(
+            C,
+            noise_multiplier,
+            site=algo.noise_site,
+            noise_support=recipe.noise_support,
+            noise=make(recipe.noise or "gaussian"),
         )
     if recipe.personal:
-        kw["personal"] = make("personal")
-    return Pipeline(
-        client_transforms=tuple(client_transforms),
-        server_transforms=tuple(server_transforms),
-        **kw,
-    )
+        parts["personal"] = make("personal")
+    if parts["server_step"] is None:
+        parts["server_step"] = make("fedavg")
+    parts["client_transforms"] = tuple(parts["client_transforms"])
+    parts["server_transforms"] = tuple(parts["server_transforms"])
+    return Pipeline(**parts)

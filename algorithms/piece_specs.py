@@ -1,5 +1,6 @@
 """The built-in pieces' declarations (:class:`~algorithms.registry.PieceSpec`) and the
-``algo.*`` keys they read; :mod:`algorithms.registry` lists them, one line per piece.
+``algo.*`` keys they read; :mod:`algorithms.registry` lists them, one line per piece
+(a method's own pieces are declared in its module, the methods' modules in ``algorithms``).
 
 Torch-free: a builder imports :mod:`algorithms.pipeline` only when it runs. The defaults a
 builder picks for a null key are the papers' (docs/algorithms.md §1-§7).
@@ -33,14 +34,6 @@ RHO = Key(
     "must be >= 0",
 )
 ASAM = Key("asam", bool | None, None, "adaptive SAM (null: the recipe's default)")
-BETA = Key(
-    "beta",
-    float | None,
-    None,
-    "PGN gradient mixing weight in [0, 1] (null: recipe default)",
-    lambda v: 0 <= v <= 1,
-    "must be in [0, 1]",
-)
 SIGMA_LS = Key(
     "sigma_ls",
     float | None,
@@ -101,22 +94,6 @@ BLUR_LAMBDA = Key(
     _at_least(0),
     "must be >= 0",
 )
-SERVER_MOMENTUM = Key(
-    "server_momentum",
-    float | None,
-    None,
-    "DP-FTRL: momentum on the noisy prefix sums (null: 0.9)",
-    lambda v: 0 <= v < 1,
-    "must be in [0, 1)",
-)
-BANDS = Key(
-    "bands",
-    int | None,
-    None,
-    "DP-BandMF: bands b of the strategy; clients join one of any b rounds (null: min(4, N/m))",
-    _at_least(1),
-    "must be >= 1",
-)
 HEAD_STEPS = Key(
     "head_steps",
     int | None,
@@ -163,7 +140,6 @@ CLIENT_STATE = Key(
 ALGO_KEYS = (
     RHO,
     ASAM,
-    BETA,
     SIGMA_LS,
     LS_SCOPE,
     LS_LOCAL,
@@ -172,8 +148,6 @@ ALGO_KEYS = (
     TOPK_SITE,
     RANDK_RESCALE,
     BLUR_LAMBDA,
-    SERVER_MOMENTUM,
-    BANDS,
     HEAD_STEPS,
     BODY_STEPS,
     PERSONAL_LAYERS,
@@ -235,18 +209,6 @@ SAM = PieceSpec(
     keys=(RHO, ASAM),
     space={"algo.rho": {"type": "uniform", "low": 0.01, "high": 1.0}},
     report=lambda s, p: {"rho": s.rho, "asam": s.asam},
-)
-PGN = PieceSpec(  # algorithms.compose adds PGN's public drift and server update
-    "pgn",
-    "step",
-    f"{PIPELINE}:PGNStep",
-    lambda cls, a, ctx: cls(beta=pick(a.beta, 0.3), rho=pick(a.rho, 0.2)),
-    keys=(BETA, RHO),
-    space={
-        "algo.beta": {"type": "uniform", "low": 0.1, "high": 1.0},
-        "algo.rho": {"type": "uniform", "low": 0.0, "high": 0.5},
-    },
-    report=lambda s, p: {"beta": s.beta, "rho": s.rho},
 )
 BLUR = PieceSpec(
     "blur",
@@ -319,3 +281,24 @@ PERSONAL = PieceSpec(
         "body_steps": s.body_steps,
     },
 )
+
+
+# ------------------------------------------- a round's extension points (built-ins)
+
+SERVER_STEP = "algorithms.server_step"
+
+
+def _sampled(cls: type, a: Any, ctx: BuildContext) -> Any:
+    """The ``sampling:`` section's participation: Poisson (``max_cohort``: truncated)
+    or fixed-size without replacement."""
+    from engine.privacy.sampling import FixedSampling, PoissonSampling
+
+    s, n = ctx.sampling, ctx.num_clients
+    if s.mode == "fixed":
+        return FixedSampling(n, s.cohort_size)
+    return PoissonSampling(n, s.rate, s.max_cohort)
+
+
+FEDAVG = PieceSpec("fedavg", "server_step", f"{SERVER_STEP}:FedAvgStep", lambda c, a, x: c())
+GAUSSIAN = PieceSpec("gaussian", "noise", "engine.privacy.noise:GaussianNoise", lambda c, a, x: c())
+SAMPLED = PieceSpec("sampled", "participation", "engine.privacy.sampling:PoissonSampling", _sampled)

@@ -5,7 +5,10 @@ The engine, not the recipe, fixes the order in which pieces act (see
 
     local steps (step rule + regularizer + constraint) → Δ → client transforms
     → clip to C → sum → noise σC on the noise support → ÷ public denominator
-    → server transforms → server update → accountant composes the round's event
+    → server transforms → server step → accountant composes the round's event
+
+(a server step made for correlated noise takes the sum and the round's draw through its
+noise scheme's own release instead: algorithms.server_step).
 
 so no recipe can clip after noising, and the σ that is accounted is the σ used.
 
@@ -26,12 +29,14 @@ from typing import Any
 import torch
 
 from algorithms import piece_specs as keys
-from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
+from algorithms.dp_fedpgn import PGNStep  # noqa: F401 - the vectorised trainer's name
 from algorithms.pieces.regularizers import blur_loss
 from algorithms.pieces.smoothing import smooth_flat
 from algorithms.pieces.sparsify import apply_mask, keep_topk, lus_sparsify, randk_mask
-from algorithms.pieces.steps import gradients, pgn_gradients, sam_gradients
+from algorithms.pieces.steps import gradients, sam_gradients
+from algorithms.server_step import FedAvgStep
 from engine.privacy.mechanism import GaussianMechanism
+from engine.privacy.noise import GAUSSIAN
 
 Grads = list[torch.Tensor]
 
@@ -67,23 +72,6 @@ class SAMStep:
 
     def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
         return sam_gradients(params, closure, self.rho, self.asam)
-
-
-@dataclass(frozen=True)
-class PGNStep:
-    """DP-FedPGN step: β∇F(w + ρ g̃/‖g̃‖) + (1 − β) g̃ with the public g̃ (docs/algorithms.md §7)."""
-
-    beta: float
-    rho: float
-
-    def __post_init__(self) -> None:
-        keys.BETA.check(self.beta)
-        keys.RHO.check(self.rho)
-
-    def gradients(self, params: Grads, closure, public: dict[str, Any]) -> tuple[float, Grads]:
-        return pgn_gradients(
-            params, closure, beta=self.beta, rho=self.rho, g_tilde=public.get("g_tilde_list")
-        )
 
 
 # ------------------------------------------------------- regularizer and constraint
@@ -196,23 +184,6 @@ class LUS:
         return lus_sparsify(delta, ctx["local_gradient"](), self.zero_fraction)
 
 
-@dataclass(frozen=True)
-class PGNDriftRemoval:
-    """Δ̄ = Δ + (1 − β)·K·η·g̃: remove the public, deterministic drift before clipping."""
-
-    beta: float
-    public_mask = False
-
-    def __post_init__(self) -> None:
-        keys.BETA.check(self.beta)
-
-    def apply(self, delta: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
-        g = ctx.get("g_tilde")
-        if g is None:
-            return delta
-        return delta + (1.0 - self.beta) * ctx["steps"] * ctx["lr"] * g
-
-
 # ------------------------------------------------------------------- privatizer
 
 
@@ -223,8 +194,10 @@ class GaussianPrivatizer:
     ``site="server"`` draws the noise once centrally; ``site="client"`` has each of
     the m (fixed) clients add N(0, (zC)²/m), which gives the same distribution of
     the sum. ``noise_support`` is ``"all"`` or ``"public_mask"`` (rand-k only).
-    Clipping, the noise std, its randomness, C_t and the DpEvent are the
-    :attr:`mechanism`'s (:class:`engine.privacy.mechanism.GaussianMechanism`).
+    ``noise`` is the noise scheme (engine.privacy.noise: independent, or correlated
+    across rounds), which refuses the settings it cannot noise. Clipping, the noise
+    std, its randomness, C_t and the DpEvent are the :attr:`mechanism`'s
+    (:class:`engine.privacy.mechanism.GaussianMechanism`).
     """
 
     clip_norm: float
@@ -235,12 +208,19 @@ class GaussianPrivatizer:
     #: ``clip_norm`` is then C_0 and the accounted z splits between the update sum
     #: (z_Δ, :attr:`update_noise_multiplier`) and the clipped-count release.
     adaptive: Any = None
+    #: what a round's draw is and costs (engine.privacy.noise.NoiseScheme)
+    noise: Any = GAUSSIAN
     #: the template mechanism of (C_0, z, site, adaptive); server and workers bind copies
     mechanism: GaussianMechanism = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.noise.check(self)
         mechanism = GaussianMechanism(
-            self.clip_norm, self.noise_multiplier, self.site, adaptive=self.adaptive
+            self.clip_norm,
+            self.noise_multiplier,
+            self.site,
+            scheme=self.noise,
+            adaptive=self.adaptive,
         )
         object.__setattr__(self, "mechanism", mechanism)
 
@@ -251,30 +231,13 @@ class GaussianPrivatizer:
         return self.mechanism.update_noise_multiplier
 
     def dp_event(self, sampling):
-        """The DpEvent of one round (engine.privacy.accounting.SamplingSpec sampling).
-
-        Sensitivity of the clipped sum is C (add/remove; 2C under replace-one, which
-        the event accounts for), so the round is a sampled Gaussian with z."""
+        """The DpEvent the tracker composes under ``sampling`` (a Participation): for
+        independent noise one round, whose clipped sum has sensitivity C (add/remove;
+        2C under replace-one, which the event accounts for), a sampled Gaussian with z."""
         return self.mechanism.dp_event(sampling)
 
 
 # ------------------------------------------------------------ server transforms
-
-
-@dataclass(frozen=True)
-class PGNDriftRestore:
-    """Add the drift back to the noisy mean: Δ = Δ̃ − (1 − β)·K·η·g̃ (post-processing)."""
-
-    beta: float
-
-    def __post_init__(self) -> None:
-        keys.BETA.check(self.beta)
-
-    def apply(self, avg: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
-        g = ctx.get("g_tilde")
-        if g is None:
-            return avg
-        return avg - (1.0 - self.beta) * ctx["steps"] * ctx["lr"] * g.double()
 
 
 @dataclass(frozen=True)
@@ -305,13 +268,6 @@ class ServerTopK:
         return keep_topk(avg, self.fraction)
 
 
-@dataclass(frozen=True)
-class PGNDirection:
-    """g̃ ← −mean(Δ)/(ηK) (optionally smoothed); x ← x − γ g̃, γ = server.lr·η·K."""
-
-    smoothing: LaplacianSmoothing | None = None
-
-
 # --------------------------------------------------------------------- pipeline
 
 
@@ -339,28 +295,39 @@ class Pipeline:
     regularizer: BLUR | None = None
     constraint: BallProjection | None = None
     client_transforms: tuple[Any, ...] = ()
-    privatizer: GaussianPrivatizer | TreeAggregationPrivatizer | BandedMFPrivatizer | None = None
+    privatizer: GaussianPrivatizer | None = None
     server_transforms: tuple[Any, ...] = ()
-    server_update: PGNDirection | None = None
+    #: how the aggregate moves the model (algorithms.server_step)
+    server_step: Any = field(default_factory=FedAvgStep)
     personal: PersonalSplit | None = None
     fixed_steps: bool = False  # every client runs exactly K local steps (K public)
-    plain_sgd: bool = False  # ignore momentum/weight decay (PGN's drift assumes plain steps)
+    plain_sgd: bool = False  # ignore momentum/weight decay (a public drift assumes plain steps)
 
     def __post_init__(self) -> None:
         p = self.privatizer
-        if p is None:
-            return
-        if isinstance(p, (TreeAggregationPrivatizer, BandedMFPrivatizer)):  # own server step
+        step, scheme = self.server_step, (p.noise if p is not None else None)
+        if step.noise is not None:  # it steps on its correlated noise's own release
+            if scheme is None or scheme.name != step.noise:
+                raise ValueError(
+                    f"invalid recipe: server step {step.name} steps on {step.noise} noise's "
+                    f"release and needs recipe.noise={step.noise}"
+                )
             for key, present in (
                 ("server transforms", bool(self.server_transforms)),
-                ("a server update (PGN)", self.server_update is not None),
                 ("personal heads", self.personal is not None),
             ):
                 if present:
                     raise ValueError(
-                        f"invalid recipe: correlated noise comes with its own server step "
-                        f"and takes no {key}"
+                        f"invalid recipe: server step {step.name} steps on its correlated "
+                        f"noise's own release and takes no {key}"
                     )
+        if scheme is not None and scheme.server_step not in (None, step.name):
+            raise ValueError(
+                f"invalid recipe: {scheme.name} noise is accounted for the release of server "
+                f"step {scheme.server_step}; recipe.server_step must be {scheme.server_step}"
+            )
+        if p is None:
+            return
         if p.noise_support not in ("all", "public_mask"):
             raise ValueError(f"noise_support={p.noise_support!r} must be all or public_mask")
         if p.noise_support == "public_mask":

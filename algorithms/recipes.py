@@ -5,7 +5,9 @@
 columns of ``rounds.parquet``). Defaults are the papers' (docs/algorithms.md §1-§7);
 where a published recipe is not private as written, the private form is built and the
 ``departure`` text says what differs. Summaries, privacy flags and citations come from
-:mod:`algorithms.catalog` (the papers' titles, authors, venues and arXiv ids).
+:mod:`algorithms.catalog` (the papers' titles, authors, venues and arXiv ids). A method
+that is more than pieces declares its recipe in its module (the methods' modules in ``algorithms``),
+and :data:`RECIPES` lists it in one line.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from algorithms import registry
+from algorithms import dp_bandmf, dp_fedpgn, dp_ftrl, registry
 from algorithms.catalog import CATALOG
-from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
 from algorithms.pipeline import Pipeline
 
 
@@ -38,10 +39,12 @@ class Recipe:
     #: values for ``algo`` keys left null where this recipe's default differs from the
     #: piece's (DP-FedSAM-top_k keeps 0.4 at either top-k site)
     defaults: dict[str, Any] = field(default_factory=dict)
-    #: how clients take part: ``sampled`` (the ``sampling:`` section's Poisson or
-    #: fixed-size draws) or ``epochs`` (passes over the population in disjoint cohorts,
-    #: with tree-aggregated noise: DP-FTRL, docs/algorithms.md §11)
-    participation: str = "sampled"
+
+    @property
+    def participation(self) -> str:
+        """The participation it names (the registry's; ``sampled``: the ``sampling:``
+        section's Poisson or fixed-size draws)."""
+        return self.spelling(registry.defaults()).get("participation") or "sampled"
 
     @property
     def search_space(self) -> dict[str, dict[str, Any]]:
@@ -92,7 +95,6 @@ def _recipe(
     departure: str,
     own_space: dict[str, dict[str, Any]] | None = None,
     defaults: dict[str, Any] | None = None,
-    participation: str = "sampled",
 ) -> Recipe:
     """A recipe whose summary, privacy flag and citation are the catalog's; the texts
     are its row of the README's algorithms table (:func:`markdown_table`)."""
@@ -110,24 +112,12 @@ def _recipe(
         hyperparameter_doc=hyperparameter_doc,
         own_space=own_space or {},
         defaults=defaults or {},
-        participation=participation,
     )
 
 
-def _correlated(
-    name: str, hyperparameters: tuple[str, ...], participation: str, **texts: Any
-) -> Recipe:
-    """DP-FTRL or DP-BandMF: the clipping of ``dp_fedavg`` with correlated noise and its
-    own server step (the privatizer :func:`build_pipeline` swaps in), searched over the
-    server's lr and momentum (and the keys ``texts["own_space"]`` adds)."""
-    space = {
-        "server.lr": {"type": "loguniform", "low": 0.03, "high": 3.0},
-        "algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]},
-        **texts.pop("own_space", {}),
-    }
-    return _recipe(
-        name, hyperparameters, _fixed(), participation=participation, own_space=space, **texts
-    )
+def _declared(name: str, hyperparameters: tuple[str, ...], spelling: dict, **texts: Any) -> Recipe:
+    """A recipe a method module declares (its ``RECIPE``: a fixed spelling and texts)."""
+    return _recipe(name, hyperparameters, _fixed(**spelling), **texts)
 
 
 _SAM_HP = ("rho", "asam")
@@ -257,72 +247,11 @@ RECIPES: dict[str, Recipe] = {
             ),
             departure="— (heads never leave their client; metric `personal_accuracy_nonprivate`)",
         ),
-        _recipe(
-            "dp_fedpgn",
-            ("beta", "rho"),
-            _fixed(step="pgn"),
-            method="DP-FedPGN (Liu et al. 2025)",
-            shares="PGN pieces with `dp_fedpgn_ls`",
-            hyperparameter_doc="`beta` (0.3), `rho` (0.2)",
-            departure=(
-                "fixed clip norm C: the paper's \"median clipping\" sets C from the client's own "
-                "norms, which is not private; every client runs exactly K local steps (plain "
-                "SGD) so the public drift is removed and restored exactly"
-            ),
-        ),
-        _recipe(
-            "dp_fedpgn_ls",
-            ("beta", "rho", "sigma_ls", "ls_scope"),
-            _fixed(step="pgn", server_transforms=("laplacian_smoothing",)),
-            method="DP-FedPGN-LS (Liu et al. 2025)",
-            shares="`dp_fedpgn` + smoothing of g̃",
-            hyperparameter_doc="`beta`, `rho`, `sigma_ls` (0.01), `ls_scope`",
-            departure=(
-                "as `dp_fedpgn`; smoothing by the FFT operator (the reference stencil amplifies "
-                "high frequencies)"
-            ),
-            own_space={"algo.sigma_ls": {"type": "loguniform", "low": 0.001, "high": 1.0}},
-        ),
-        _correlated(
-            "dp_ftrl",
-            ("server_momentum",),
-            "epochs",
-            method="DP-FTRL (Kairouz et al., ICML 2021)",
-            shares="clipping of `dp_fedavg`; its own noise and server step",
-            hyperparameter_doc=(
-                "`server_momentum` (0.9); cohorts of `sampling.cohort_size` (or q·N) in "
-                "passes over the population"
-            ),
-            departure=(
-                "online tree estimator (not the honest one); the tree, prefix sum and momentum "
-                "restart every epoch; clients send model deltas, so x = x_epoch + η·M"
-            ),
-        ),
-        _correlated(
-            "dp_bandmf",
-            ("server_momentum", "bands"),
-            "bands",
-            method="DP-BandMF (Choquette-Choo et al., NeurIPS 2023)",
-            shares="clipping of `dp_fedavg`; server momentum of `dp_ftrl`",
-            hyperparameter_doc=(
-                "`server_momentum` (0.9), `bands` (min(4, ⌊N/m⌋)); cohorts of "
-                "`sampling.cohort_size` (or q·N) from one of b groups of clients per round"
-            ),
-            departure=(
-                "no amplification (the paper's amplified variant samples within the groups); "
-                "strategy optimised for the prefix-sum workload only; model deltas, not gradients"
-            ),
-            own_space={"algo.bands": {"type": "choice", "values": [1, 2, 4, 8]}},
-        ),
+        *(_declared(**r) for r in dp_fedpgn.RECIPES),
+        _declared(**dp_ftrl.RECIPE),
+        _declared(**dp_bandmf.RECIPE),
     )
 }
-
-#: ``algo.bands`` when null.
-BANDMF_BANDS = 4
-
-#: ``algo.server_momentum`` when null (the paper's DP-FTRLM uses γ = 0.9).
-FTRL_MOMENTUM = 0.9
-
 
 TABLE_HEADER = (
     "| name | method (paper) | shares pieces with | hyperparameters (default) | private "
@@ -374,43 +303,32 @@ def build_pipeline(
     if unset:
         algo = dataclasses.replace(algo, **unset)
     spelling = RecipeConfig(private=built_in.private, **built_in.spelling(algo))
-    pipeline = build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
-    if built_in.participation == "sampled":
-        return pipeline
-    momentum = FTRL_MOMENTUM if algo.server_momentum is None else algo.server_momentum
-    privatizer: TreeAggregationPrivatizer | BandedMFPrivatizer
-    if built_in.participation == "epochs":  # DP-FTRL: tree-aggregated noise, own step
-        privatizer = TreeAggregationPrivatizer(
-            clip_norm, noise_multiplier, momentum, site=algo.noise_site
-        )
-    else:  # DP-BandMF: banded correlated noise
-        bands = BANDMF_BANDS if algo.bands is None else algo.bands
-        privatizer = BandedMFPrivatizer(
-            clip_norm, noise_multiplier, momentum, bands, site=algo.noise_site
-        )
-    return dataclasses.replace(pipeline, privatizer=privatizer)
+    return build_composed(spelling, algo, clip_norm, noise_multiplier, model_name)
 
 
-def participation(name: str) -> str:
-    """``sampled`` or ``epochs`` for recipe ``name`` (``custom``: sampled)."""
-    return "sampled" if name == "custom" else get_recipe(name).participation
+def recipe_config(name: str, recipe: Any = None) -> Any:
+    """The :class:`~algorithms.compose.RecipeConfig` of ``name`` (``custom``: ``recipe``)
+    with the default ``algo:`` section: which pieces, participation, noise scheme and
+    server step it names (the privacy plan reads the last two before any pipeline)."""
+    from algorithms.compose import RecipeConfig
+
+    if name == "custom":
+        return recipe if recipe is not None else RecipeConfig()
+    built_in = get_recipe(name)
+    return RecipeConfig(private=built_in.private, **built_in.spelling(registry.defaults()))
 
 
 def resolved_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
     """Hyperparameters actually used, keyed by the last part of their config key: what
-    each piece reports (algorithms.registry), in engine order, then PGN's smoothing of
-    g̃, the personal split's and the correlated-noise privatizers'."""
+    each piece reports (algorithms.registry), in engine order: the client's pieces, the
+    server transforms, the personal split, the server step and the noise scheme."""
     out: dict[str, Any] = {}
     for piece in (pipeline.step, pipeline.regularizer, pipeline.constraint):
         out.update(registry.report(piece, pipeline))
     for t in (*pipeline.client_transforms, *pipeline.server_transforms):
         out.update(registry.report(t, pipeline))
-    if pipeline.server_update is not None and pipeline.server_update.smoothing is not None:
-        s = pipeline.server_update.smoothing
-        out.update(sigma_ls=s.sigma_ls, ls_scope=s.scope)
     out.update(registry.report(pipeline.personal, pipeline))
-    if isinstance(pipeline.privatizer, (TreeAggregationPrivatizer, BandedMFPrivatizer)):
-        out["server_momentum"] = pipeline.privatizer.momentum
-    if isinstance(pipeline.privatizer, BandedMFPrivatizer):
-        out["bands"] = pipeline.privatizer.bands
+    out.update(registry.report(pipeline.server_step, pipeline))
+    if pipeline.privatizer is not None:
+        out.update(registry.report(pipeline.privatizer.noise, pipeline))
     return out

@@ -11,9 +11,11 @@ else derives from the registry: the names a ``recipe:`` section accepts and
 (:mod:`tuning.spaces`) and :func:`algorithms.recipes.resolved_hyperparameters`.
 
 Adding a piece: its module (the piece and its spec) and one line of the registry below
-(the built-in specs are in :mod:`algorithms.piece_specs`); an extension registers its
-spec with :func:`register`. Specs are plain data and their builders import torch only
-when they run, so the config can be read without torch.
+(the built-in specs are in :mod:`algorithms.piece_specs`, a method's in its module under
+the methods' modules in ``algorithms``); an extension registers its spec with :func:`register`. The
+kinds include a round's extension points: server steps, noise schemes and
+participations (:data:`algorithms.spec.KINDS`). Specs are plain data and their builders
+import torch only when they run, so the config can be read without torch.
 
 Privacy: a key's validation only bounds a hyperparameter; clipping and noise are the
 privatizer's (docs/algorithms.md §0), whatever pieces a recipe names.
@@ -26,29 +28,32 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+from algorithms import dp_bandmf, dp_fedpgn, dp_ftrl
 from algorithms.piece_specs import (
     ALGO_KEYS,
     BALL,
     BLUR,
+    FEDAVG,
+    GAUSSIAN,
     LAPLACIAN_SMOOTHING,
     LUS,
     PERSONAL,
-    PGN,
     RANDK,
     SAM,
+    SAMPLED,
     SERVER_TOPK,
     SGD,
     TOPK,
 )
 from algorithms.spec import Key, PieceSpec
 
-#: The registry: one line per piece (engine order within a kind).
+#: The registry: one line per piece (engine order within a kind), then each method
+#: module's pieces (the methods' modules in algorithms: one line per method).
 _REGISTRY: dict[str, PieceSpec] = {
     s.name: s
     for s in (
         SGD,
         SAM,
-        PGN,
         BLUR,
         BALL,
         TOPK,
@@ -57,6 +62,12 @@ _REGISTRY: dict[str, PieceSpec] = {
         LAPLACIAN_SMOOTHING,
         SERVER_TOPK,
         PERSONAL,
+        FEDAVG,
+        GAUSSIAN,
+        SAMPLED,
+        *dp_fedpgn.SPECS,
+        *dp_ftrl.SPECS,
+        *dp_bandmf.SPECS,
     )
 }
 #: The built-in ``algo.*`` keys, in the ``algo:`` section's order.
@@ -153,10 +164,12 @@ def space(piece_names: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def report(obj: Any, pipeline: Any) -> dict[str, Any]:
-    """The resolved hyperparameters of one built piece (``{}`` if no spec built it)."""
+    """The resolved hyperparameters of one built piece: its spec's report, or for a
+    piece no spec built (one a step rule brought) its own ``report()``, else ``{}``."""
     if obj is None:
         return {}
     for s in _REGISTRY.values():
-        if type(obj) is s.piece_class():
+        if s.kind != "participation" and type(obj) is s.piece_class():
             return s.report(obj, pipeline)
-    return {}
+    own = getattr(obj, "report", None)
+    return own() if callable(own) else {}

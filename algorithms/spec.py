@@ -11,7 +11,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("step", "regularizer", "constraint", "client_transform", "server_transform", "personal")
+#: The kinds of piece: the client's (a step rule, a regularizer, a constraint, client
+#: transforms, the personal split), the server's transforms, and the three extension
+#: points of a round — how the aggregate moves the model (``server_step``,
+#: algorithms.server_step), what a round's noise draw is and costs (``noise``,
+#: engine.privacy.noise) and who takes part (``participation``,
+#: engine.privacy.participation).
+KINDS = (
+    "step",
+    "regularizer",
+    "constraint",
+    "client_transform",
+    "server_transform",
+    "personal",
+    "server_step",
+    "noise",
+    "participation",
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,10 @@ class BuildContext:
     clip_norm: float  # C, or inf for a non-private recipe
     model_name: str | None
     recipe: Any  # the algorithms.compose.RecipeConfig being built
+    #: a participation's builder reads these (engine.simulation.privacy_plan)
+    sampling: Any = None  # the config's sampling: section
+    num_clients: int = 0  # N
+    rounds: int = 0  # T
 
 
 @dataclass(frozen=True)
@@ -53,7 +73,9 @@ class PieceSpec:
     ``piece``: ``"module:Class"`` of the object :attr:`build` returns (imported only when
     needed); ``build(cls, algo, ctx)`` makes it from the ``algo:`` section;
     ``report(obj, pipeline)`` gives its resolved hyperparameters (keyed by the key's last
-    part: the ``rounds.parquet`` columns); ``space``: default Tune ranges by config key."""
+    part: the ``rounds.parquet`` columns); ``space``: default Tune ranges by config key.
+    A participation's builder also reads the run's sampling section, N and rounds from
+    its :class:`BuildContext`."""
 
     name: str
     kind: str
@@ -62,6 +84,9 @@ class PieceSpec:
     keys: tuple[Key, ...] = ()
     space: dict[str, dict[str, Any]] = field(default_factory=dict)
     report: Callable[[Any, Any], dict[str, Any]] = lambda obj, pipeline: {}
+    #: a step rule that brings more pieces with it (its method's transforms and
+    #: server step): ``extend(built_step, parts)`` edits the pipeline's parts
+    extend: Callable[[Any, dict[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -79,7 +79,7 @@ def calibrate_delta(
     ).delta
 
 
-def _resolve(sampling_rate: float, rounds: int, accountant: str, **two: float):
+def _resolve(sampling_rate: float, rounds: int, accountant: str, **two: Any):
     """Two of (ε, δ, σ) → all three, by the one resolver (:mod:`engine.privacy.resolve`)
     for Poisson sampling of a large population (its accounting does not depend on N)."""
     from engine.privacy.accounting import SamplingSpec

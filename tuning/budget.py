@@ -188,7 +188,7 @@ class BudgetSolution:
                     "keys": dict(c.keys),
                     "rounds": c.rounds,
                     "sampling": c.spec.name,
-                    "spec": dataclasses.asdict(c.spec),
+                    "spec": {"mode": c.spec.mode, **dataclasses.asdict(c.spec)},
                     "delta": c.delta,
                     "accountant": c.accountant,
                     "noise_multiplier": z,
@@ -204,6 +204,8 @@ class BudgetSolution:
 def recorded_events(record: dict[str, Any]) -> list[selection.TrialEvent]:
     """Every configuration's event at its solved σ, from a :meth:`BudgetSolution.record`
     (what a report adds under Papernot-Steinke: the configurations no trial drew)."""
+    import algorithms.registry  # noqa: F401 - the methods' participations (SamplingSpec modes)
+
     return [
         selection.TrialEvent(
             float(c["noise_multiplier"]),

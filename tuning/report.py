@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from engine.privacy.accounting import SamplingSpec
+from engine.privacy.participation import Participation, by_name
 
 if TYPE_CHECKING:  # matplotlib (0.45 s to import) only where a figure is drawn
     from matplotlib.figure import Figure
@@ -60,7 +60,7 @@ def best_trials(trials: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataF
 
 def tuning_epsilon(
     noise_multiplier: float,
-    spec: SamplingSpec,
+    spec: Participation,
     rounds: int,
     delta: float,
     mean_trials: float,
@@ -79,32 +79,21 @@ def tuning_epsilon(
     return papernot_steinke_epsilon([event], delta, mean_trials, mode, shape)[0]
 
 
-def _spec_from_rows(rows: pd.DataFrame) -> SamplingSpec:
-    """The trial's SamplingSpec from the columns its rows carry (``num_clients`` and
-    ``max_cohort`` are written by :mod:`tuning.trial`)."""
+def _spec_from_rows(rows: pd.DataFrame) -> Participation:
+    """The trial's participation from the columns its rows carry (``num_clients`` and
+    ``max_cohort`` are written by :mod:`tuning.trial`): the class that records its
+    ``sampling`` name rebuilds itself (``from_columns``)."""
+    import algorithms.registry  # noqa: F401 - the methods' participations are defined
+
     r = rows.iloc[0]
     rate = float(r["sampling_rate"])
     if "num_clients" in r and not pd.isna(r["num_clients"]):
         n = int(r["num_clients"])
     else:  # rows written before num_clients was recorded: N = E[cohort] / q
         n = max(1, int(round(float(r["cohort_size"]) / rate)))
-    if r["sampling"] == "fixed_without_replacement":
-        return SamplingSpec("fixed", n, cohort_size=int(round(rate * n)))
-    if r["sampling"] == "epoch_passes":  # dp_ftrl: sampling_rate holds m/N
-        return SamplingSpec("epochs", n, cohort_size=int(round(rate * n)))
-    if r["sampling"] == "b_min_separation":  # dp_bandmf: the strategy of the planned rounds
-        horizon = int(r["rounds_planned"]) if "rounds_planned" in r else int(rows["round"].max())
-        b = int(r["bands"])
-        return SamplingSpec("bands", n, cohort_size=int(round(rate * n)), bands=b, horizon=horizon)
-    max_cohort = None
-    if "max_cohort" in r and not pd.isna(r["max_cohort"]):
-        max_cohort = int(r["max_cohort"])
-    elif r["sampling"] == "truncated_poisson":
-        raise ValueError(
-            "rows of a truncated-Poisson trial without max_cohort (written by an older "
-            "dpfl): its privacy event cannot be rebuilt; re-run the experiment"
-        )
-    return SamplingSpec("poisson", n, rate=rate, max_cohort=max_cohort)
+    planned = r["rounds_planned"] if "rounds_planned" in r else None
+    horizon = int(rows["round"].max()) if planned is None or pd.isna(planned) else int(planned)
+    return by_name(str(r["sampling"])).from_columns(r, n, horizon)
 
 
 def trial_event(rows: pd.DataFrame):

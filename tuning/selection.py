@@ -50,10 +50,10 @@ from dp_accounting import rdp
 
 from engine.privacy.accounting import (
     PLD_REPORT_DISCRETIZATION,
-    SamplingSpec,
     make_accountant,
     run_event,
 )
+from engine.privacy.participation import Participation
 
 COMPOSE = "compose"
 POISSON = "poisson"
@@ -68,7 +68,7 @@ PRIVACY_KEYS = (
     "privacy.delta",
     "privacy.accountant",
     "dataset.",
-    "algo.bands",  # dp_bandmf: the strategy, hence its sensitivity and the calibrated σ
+    "algo.bands",  # a correlated strategy's shape: its sensitivity, hence the calibrated σ
 )
 
 
@@ -81,13 +81,14 @@ class TrialEvent:
     """What one trial's privacy guarantee depends on (all public)."""
 
     noise_multiplier: float
-    spec: SamplingSpec
+    spec: Participation  # the trial's participation: its statement
     rounds: int
     delta: float
     accountant: str
 
     def dp_event(self) -> dp_accounting.DpEvent:
-        # the round event self-composed; under epoch participation (dp_ftrl) the trees
+        # the noise scheme the participation is accounted with (independent noise: the
+        # round event self-composed; epoch passes: the trees of tree aggregation)
         return run_event(self.noise_multiplier, self.spec, self.rounds)
 
 

@@ -26,6 +26,8 @@ KEY_HELP: dict[str, str] = {
     "seed": "all randomness derives from it (data, init, sampling, noise, batches)",
     "rounds": "number of rounds T",
     "out": "results folder (null: results/<timestamp>-<algorithm>); never overwritten",
+    "callbacks": "import paths (module:name) of per-round callbacks: a class or function "
+    "called with no argument, or an instance (copied per run); see docs/extending.md",
     "dataset.name": "synthetic, digits (sklearn 8x8, offline), mnist, fashion_mnist, emnist, "
     "cifar10, cifar100, svhn, femnist, shakespeare",
     "dataset.root": "folder holding the dataset files (null for synthetic; for fashion_mnist "
@@ -72,7 +74,7 @@ KEY_HELP: dict[str, str] = {
     "eval.audit_canaries": "K > 0: K canary clients join the population; the run reports "
     "the one-shot empirical epsilon estimate (an estimate, not a guarantee)",
     "eval.audit_every_round": "audit with every round's released update, not only the final "
-    "model's delta (dp_ftrl, dp_bandmf: the rounds whitened by the mechanism's own matrix)",
+    "model's delta (correlated noise: the rounds whitened by the mechanism's own matrix)",
     "privacy.epsilon": "target epsilon, sigma calibrated to it (null with noise_multiplier "
     "null: 4)",
     "privacy.delta": "delta in (0, 1); null: min(N^-1.1, 0.01/N), N = dataset.num_clients",
@@ -95,7 +97,6 @@ KEY_HELP: dict[str, str] = {
     "local.momentum": "local SGD momentum (fresh optimizer per client)",
     "local.weight_decay": "local SGD weight decay",
     "recipe.private": "algorithm=custom: clip to C and add calibrated noise (false: neither)",
-    "recipe.step": "algorithm=custom: local step rule, sgd, sam or pgn (with PGN's drift)",
     "recipe.regularizer": "algorithm=custom: null or blur (penalise updates longer than C)",
     "recipe.constraint": "algorithm=custom: null or ball (project onto the C-ball each step)",
     "recipe.noise_support": "algorithm=custom: all, or public_mask (rand-k's public mask only)",
@@ -124,11 +125,19 @@ def key_help() -> dict[str, str]:
     and the recipe: lists of transforms, which name the registered ones."""
     client = ", ".join(registry.names("client_transform"))
     server = ", ".join(registry.names("server_transform"))
+
+    def named(kind: str, default: str) -> str:
+        return f"algorithm=custom: {', '.join(registry.names(kind))} (null: {default})"
+
     return {
         **KEY_HELP,
         **registry.key_help(),
         "recipe.client_transforms": f"algorithm=custom: before clipping, any of {client}",
         "recipe.server_transforms": f"algorithm=custom: after the noise, any of {server}",
+        "recipe.step": named("step", "sgd; a step may bring its method's pieces"),
+        "recipe.server_step": named("server_step", "fedavg, or the step rule's own"),
+        "recipe.noise": named("noise", "gaussian, independent every round"),
+        "recipe.participation": named("participation", "sampled, the sampling: section"),
     }
 
 

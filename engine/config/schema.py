@@ -44,6 +44,8 @@ class RunConfig:
     seed: int = 0
     rounds: int = 60
     out: str | None = None
+    #: import paths of per-round callbacks (engine.simulation.round_end.load_callbacks)
+    callbacks: tuple[str, ...] = ()
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -245,14 +245,17 @@ class ClientWorker:
         return torch.from_numpy(np.array(global_weights, dtype=np.float32)).to(self.device)
 
     def public_context(self, rnd: int, public: dict | None) -> dict:
-        """Tensors of the round's public state (g̃, the rand-k mask)."""
+        """Tensors of the round's public state: each model-sized vector the server step
+        made public, as a float32 vector ``name`` on this
+        worker's device and per tensor as ``name_list``; the rand-k mask."""
         ctx: dict[str, Any] = {}
-        g = (public or {}).get("g_tilde")
-        if g is not None:
-            gt = torch.as_tensor(np.array(g, dtype=np.float32)).to(self.device)
-            ctx["g_tilde"] = gt
-            ctx["g_tilde_list"] = list(torch.split(gt, [math.prod(s) for s in self.shapes]))
-            ctx["g_tilde_list"] = [t.view(s) for t, s in zip(ctx["g_tilde_list"], self.shapes)]
+        for name, value in (public or {}).items():
+            if not isinstance(value, np.ndarray):
+                continue  # None (nothing yet), or a scalar such as C_t
+            vec = torch.as_tensor(np.array(value, dtype=np.float32)).to(self.device)
+            ctx[name] = vec
+            parts = torch.split(vec, [math.prod(s) for s in self.shapes])
+            ctx[f"{name}_list"] = [t.view(s) for t, s in zip(parts, self.shapes)]
         rk = self.pipeline.randk
         if rk is not None:
             d = sum(math.prod(s) for s in self.shapes)
@@ -280,10 +283,9 @@ class ClientWorker:
         if self.head_mask is not None:
             delta[self.head_mask] = 0.0
         tctx = {
-            "g_tilde": ctx.get("g_tilde"),
+            **ctx,  # the round's public state (the server step's vectors, rand-k's mask)
             "steps": res.steps,
             "lr": lr,
-            "randk_mask": ctx.get("randk_mask"),
             "local_gradient": lambda: self.trainer.local_gradient(res.client, res.local),
         }
         for t in self.pipeline.client_transforms:

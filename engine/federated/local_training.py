@@ -14,7 +14,7 @@ personal-head phase first), on the client's own minibatches. The interface is
 Both share the rules defined once here or in :mod:`algorithms`: minibatches from
 :func:`client_batches` (stream (seed, round, client)), parameter updates by
 :func:`sgd_update_` (``torch.optim.SGD``'s arithmetic), the step rules' directions from
-:mod:`algorithms.pieces.steps` (SAM's perturbation, PGN's public inputs) and the
+:mod:`algorithms.pieces.steps` (the step rules' perturbations and public inputs) and the
 constraint's projection from the pipeline's piece (``BallProjection.project_`` and
 its per-row form ``project_rows_``). What follows training — Δ_i = w_i − x^t, zeroing
 a personal head, the client transforms, clipping and noise — is the worker's

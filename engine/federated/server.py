@@ -1,24 +1,24 @@
-"""The server: owns the global model, samples cohorts, privatises, accounts, evaluates.
+"""The server: owns the global model, draws cohorts, privatises, accounts, evaluates.
 
-Privacy (docs/algorithms.md §0–1), for DP-FedAvg:
+One round is the same code for every recipe (:meth:`Server.finish_round`); what differs
+between methods is in three objects the recipe's pipeline and plan hand it:
 
-* Cohorts are drawn from the round's sampling stream: Poisson (each client with
-  probability q; optionally truncated to ``max_cohort`` by a uniformly random subset)
-  or fixed-size without replacement. The realised cohort size is private under
-  Poisson sampling; it is never used as the denominator. An on-demand population
-  (``dataset.materialize=false``) draws the same Poisson law in O(cohort) rather than
-  O(N) (:func:`poisson_by_count`).
-* The server receives only sums of clipped updates (sensitivity C per client), adds
-  N(0, (zC)² I) once from the round's noise stream, divides by the public
-  denominator (q·N or m), multiplies by the server learning rate and updates x.
-* ``secure`` (``privacy.secure_noise``, release mode): the cohort and the noise come
-  from the OS CSPRNG (:class:`engine.privacy.rng.SecureRandom`) instead of the seeded
-  streams, so nothing recorded regenerates them (see :mod:`engine.privacy.rng`).
-* Clipping norm C_t, noise std, the noise's randomness and the DpEvent belong to the
-  server's :class:`engine.privacy.mechanism.GaussianMechanism` (bound from the
-  recipe's privatizer); the server only adds what it draws and divides.
-* The accountant composes exactly one event per completed round; the ε recorded for
-  round t is the cumulative ε after t rounds, computed by dp-accounting.
+* the **participation** (:class:`engine.privacy.participation.Participation`) draws the
+  round's cohort from the round's sampling stream (or, in release mode, the OS
+  CSPRNG) and states the sampling the accountant assumes;
+* the **mechanism** (:class:`engine.privacy.mechanism.GaussianMechanism`, bound from
+  the recipe's privatizer) owns C_t, the noise std, the round's draw and the DpEvent,
+  with its noise scheme; the server only sums the clipped updates and takes the draw;
+* the **server step** (:mod:`algorithms.server_step`) turns the aggregate (clipped
+  sum, draw, public denominator, server transforms) into the new model, and may hold
+  public state for the next round and add public row columns.
+
+Privacy (docs/algorithms.md §0–1): the server receives only sums of clipped updates
+(sensitivity C per client), the noise is the mechanism's, the denominator is public
+(q·N or m, never the realised cohort size, which is private under Poisson sampling),
+and the accountant composes the mechanism's own event (its noise scheme's, under the
+run's participation) for the rounds completed: the ε recorded for round t is the
+cumulative ε after t rounds, computed by dp-accounting.
 
 FedAvg (non-private) skips clipping and noise and divides by the realised cohort.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from algorithms.pieces.steps import round_lr
+from algorithms.server_step import Aggregate, StepContext
 from engine.data.federated import FederatedDataset
 from engine.federated.client import PartialSum, reduce_partials
 from engine.federated.evaluation import evaluate as evaluate_model
@@ -46,10 +46,11 @@ from engine.federated.worker_model import (
     load_flat_,
     personal_mask,
 )
-from engine.privacy import banded_mf, tree_aggregation
 from engine.privacy import rng as rngs
-from engine.privacy.accounting import EpsilonTracker, SamplingSpec
+from engine.privacy.accounting import EpsilonTracker
 from engine.privacy.mechanism import GaussianMechanism
+from engine.privacy.participation import Participation
+from engine.privacy.sampling import poisson_by_count, poisson_by_gaps  # noqa: F401 - tests
 from engine.telemetry.phases import OFF
 
 
@@ -61,13 +62,13 @@ class ServerSpec:
     server_lr: float
     delta: float
     accountant: str
-    sampling: SamplingSpec
+    sampling: Participation  # draws cohorts; states the sampling the accountant assumes
     eval_every: int
     rounds: int
     num_threads: int = 1
     local_lr: float = 0.1
     lr_decay: float = 1.0
-    steps: int | None = None  # public K (PGN)
+    steps: int | None = None  # public K, when every client runs exactly K steps
     membership_inference: bool = False
     secure: bool = False  # release mode: cohorts and noise from the OS CSPRNG
     audit: Any = None  # engine.privacy.audit.AuditSpec (eval.audit_canaries > 0)
@@ -75,94 +76,13 @@ class ServerSpec:
 
 
 def sample_cohort(
-    spec: SamplingSpec, seed: int, rnd: int, secure: bool = False, on_demand: bool = False
+    spec: Participation, seed: int, rnd: int, secure: bool = False, on_demand: bool = False
 ) -> np.ndarray:
-    """The sorted client ids of round ``rnd``: from the round's own sampling stream, or
-    with ``secure`` from the OS CSPRNG (release mode; ``seed`` unused, nothing kept).
-
-    ``on_demand`` (the server sets it for ``dataset.materialize=false`` populations)
-    draws a Poisson cohort in O(cohort) time and memory instead of one uniform per
-    client (:func:`poisson_by_count`, :func:`poisson_by_gaps`). The cohort has the
-    same distribution, so the accountant is unchanged, but not the same draws: it is
-    never used for a materialised population, whose cohorts stay exactly as before.
-    Fixed-size cohorts are already O(cohort) (numpy's ``choice`` without replacement
-    uses Floyd's algorithm when the cohort is ≤ N/50)."""
-    n = spec.num_clients
-    if spec.mode == "epochs":  # DP-FTRL: disjoint cohorts in passes over the population
-        assert spec.cohort_size is not None and not secure  # secure: refused by the plan
-        return tree_aggregation.epoch_cohort(seed, rnd, n, spec.cohort_size)
-    if spec.mode == "bands":  # banded MF: b-min-separation, one group of clients per round
-        assert spec.cohort_size is not None and spec.bands is not None and not secure
-        return banded_mf.group_cohort(seed, rnd, n, spec.cohort_size, spec.bands)
-    src = rngs.Randomness(seed, secure).cohort_stream(rnd)
-    if isinstance(src, rngs.SecureRandom):
-        if spec.mode == "fixed":
-            assert spec.cohort_size is not None
-            return src.sample(n, spec.cohort_size)  # O(k): never builds arange(n)
-        assert spec.rate is not None
-        if on_demand:
-            cohort = poisson_by_gaps(n, spec.rate, src.uniform)
-        else:
-            cohort = np.flatnonzero(src.uniform(n) < spec.rate).astype(np.int64)
-        if spec.max_cohort is not None and len(cohort) > spec.max_cohort:
-            cohort = src.sample(cohort, spec.max_cohort)
-        return cohort
-    g = src  # the round's seeded sampling stream
-    if spec.mode == "fixed":
-        assert spec.cohort_size is not None
-        return np.sort(g.choice(n, spec.cohort_size, replace=False)).astype(np.int64)
-    assert spec.rate is not None
-    if on_demand:
-        cohort = poisson_by_count(g, n, spec.rate)
-    else:
-        cohort = np.flatnonzero(g.random(n) < spec.rate).astype(np.int64)
-    if spec.max_cohort is not None and len(cohort) > spec.max_cohort:
-        cohort = np.sort(g.choice(cohort, spec.max_cohort, replace=False)).astype(np.int64)
-    return cohort
-
-
-def poisson_by_count(g: np.random.Generator, n: int, rate: float) -> np.ndarray:
-    """Poisson sampling of ``range(n)`` with rate q in O(m) time and memory, m the
-    cohort's size: m ~ Binomial(n, q), then a uniformly random m-subset, sorted.
-
-    Why this is Poisson sampling (each client independently with probability q), so
-    the Poisson-subsampled Gaussian accountant applies unchanged: under Poisson
-    sampling a subset S has probability q^|S| (1 − q)^(n − |S|), which depends on S
-    only through |S|. So |S| ~ Binomial(n, q), and given |S| = m every m-subset is
-    equally likely; drawing m from that binomial and then a uniform m-subset gives
-    every S the same probability. ``Generator.choice(n, m, replace=False)`` is
-    uniform over m-subsets and, for m ≤ n/50 (numpy ≥ 1.17's Generator), runs Floyd's
-    algorithm with a hash set of O(m) entries; above that m is Θ(n) anyway.
-    """
-    m = int(g.binomial(n, rate))
-    return np.sort(g.choice(n, m, replace=False)).astype(np.int64)
-
-
-def poisson_by_gaps(n: int, rate: float, uniform: Callable[[int], np.ndarray]) -> np.ndarray:
-    """Poisson sampling of ``range(n)`` with rate q from uniforms in (0, 1) alone (what
-    :class:`engine.privacy.rng.SecureRandom` offers; it has no binomial), in O(m) expected time
-    and memory: the gaps between consecutive members of a Bernoulli(q) sequence are
-    i.i.d. Geometric(q) (failures before a success), P(G ≥ k) = (1 − q)^k, and
-    G = ⌊log u / log(1 − q)⌋ has exactly that law for u uniform on (0, 1). Members
-    are the running sums of G + 1 that stay below n. As with the O(n) draw
-    ``u < q``, the only departure from the real-number law is the uniforms' 2⁻⁵³ grid
-    and float64 rounding of the logarithms."""
-    if n <= 0 or rate <= 0:
-        return np.zeros(0, np.int64)
-    if rate >= 1:
-        return np.arange(n, dtype=np.int64)
-    log_keep = math.log1p(-rate)
-    mean = n * rate
-    chunk = int(mean + 6 * math.sqrt(mean) + 16)  # usually one call
-    parts, last = [], -1
-    while True:
-        gaps = np.minimum(np.floor(np.log(uniform(chunk)) / log_keep), n)  # ≥ n: past the end
-        pos = last + np.cumsum(gaps.astype(np.int64) + 1)
-        inside = pos[pos < n]  # pos increases, so this is a prefix
-        parts.append(inside)
-        if len(inside) < chunk:
-            return np.concatenate(parts)
-        last = int(pos[-1])
+    """The sorted client ids of round ``rnd``: the participation's draw from the round's
+    own sampling stream, or with ``secure`` from the OS CSPRNG (release mode; ``seed``
+    unused, nothing kept). ``on_demand`` (an on-demand population) draws the same law in
+    O(cohort) (:func:`engine.privacy.sampling.poisson_by_count`)."""
+    return spec.draw(seed, rnd, secure, on_demand)
 
 
 class Server:
@@ -193,31 +113,41 @@ class Server:
             if self.pipeline.personal is not None
             else None
         )
-        self.g_tilde: torch.Tensor | None = None  # PGN: previous noisy direction (public)
         priv = self.privatizer
-        self.tracker = (
+        self.tracker = (  # the mechanism that noises is the one accounted
             EpsilonTracker(
                 priv.noise_multiplier,
                 spec.sampling,
                 spec.delta,
                 spec.accountant,
                 event=priv.dp_event(spec.sampling),
+                noise=priv.mechanism.scheme,
             )
             if priv is not None
             else None
         )
-        # DP-FTRL (tree aggregation): the server steps on noisy prefix sums, its own state
-        self.correlated = (
-            priv.server_state(spec.sampling, spec.server_lr)
-            if priv is not None and getattr(priv, "correlated", False)
-            else None
+        #: the recipe's server step for this run (algorithms.server_step)
+        self.step = self.pipeline.server_step.start(
+            StepContext(
+                server_lr=spec.server_lr,
+                local_lr=spec.local_lr,
+                lr_decay=spec.lr_decay,
+                steps=spec.steps,
+                sampling=spec.sampling,
+                shapes=self.shapes,
+                dim=self.dim(),
+            )
         )
         self.rounds_done = 0
         self.audit = None
         if spec.audit is not None:
             from engine.privacy.audit_correlated import make_audit  # any participation
 
-            self.audit = make_audit(spec.audit, self.weights, priv, spec.sampling)
+            assert self.mechanism is not None  # an audit needs a private recipe
+            audit = spec.audit
+            self.audit = make_audit(
+                audit, self.weights, self.mechanism, spec.sampling, self.pipeline.server_step
+            )
         #: (round, C_t, noise or the Future of its draw): drawn ahead by
         #: :meth:`prepare_noise` or :meth:`prefetch_noise`, used once by finish_round
         self._noise: tuple[int, float, torch.Tensor | Future] | None = None
@@ -235,34 +165,36 @@ class Server:
         and ε is a function of the rounds done, so this is the whole server state."""
         return {
             "weights": self.weights.numpy().copy(),
-            "g_tilde": None if self.g_tilde is None else self.g_tilde.numpy().copy(),
             "rounds_done": self.rounds_done,
             "clip_norm": self.clip_norm,  # C_t (the mechanism's), inf for a non-private run
             "audit": None if self.audit is None else self.audit.state_dict(),
-            **({} if self.correlated is None else {"correlated": self.correlated.state_dict()}),
+            "step": self.step.state_dict(),  # the server step's own state
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.weights = torch.from_numpy(np.array(state["weights"], dtype=np.float32))
         self._noise = None  # a draw made ahead for the state being replaced is dropped
-        g = state.get("g_tilde")
-        self.g_tilde = None if g is None else torch.from_numpy(np.array(g, dtype=np.float32))
         self.rounds_done = int(state["rounds_done"])
         if self.mechanism is not None:
             self.mechanism.load_state_dict(state)
         if self.audit is not None and state.get("audit") is not None:
             self.audit.load_state_dict(state["audit"])
-        if self.correlated is not None:
-            self.correlated.load_state_dict(state["correlated"])
+        if "step" in state:
+            self.step.load_state_dict(state["step"])
+        else:  # a checkpoint written before server steps held their state: same layouts
+            self.step.load_state_dict(state.get("correlated") or {"g_tilde": state.get("g_tilde")})
 
     def get_weights(self) -> np.ndarray:
         return self.weights.numpy().copy()
 
     def begin_round(self, rnd: int) -> tuple[np.ndarray, np.ndarray, dict]:
-        """Sample round ``rnd``'s cohort; return (cohort, global weights, public state)."""
+        """Draw round ``rnd``'s cohort; return (cohort, global weights, public state: the
+        server step's public vectors, C_t under adaptive clipping)."""
         if rnd != self.rounds_done:
             raise RuntimeError(f"round {rnd} requested but {self.rounds_done} rounds are done")
-        public = {"g_tilde": None if self.g_tilde is None else self.g_tilde.numpy()}
+        public: dict = {
+            name: None if v is None else v.numpy() for name, v in self.step.public().items()
+        }
         with self.timer.phase("cohort_sampling"):
             cohort = sample_cohort(
                 self.spec.sampling, self.spec.seed, rnd, self.spec.secure, self.on_demand
@@ -364,15 +296,7 @@ class Server:
         if self.audit is not None:  # canary clients' clipped updates join the sum
             summed = summed + self.audit.canary_sum(rnd, clip_t, self.noise_support(rnd))
         t_update = time.perf_counter()
-        # DP-FedAvg's step (no transform, no correlated noise, no PGN update) is the
-        # mechanism's fused one: w + η_s·(Σ + noise)/m in one chunked pass, equal bit
-        # for bit to privatize() followed by the plain update below
-        fused = (
-            mech is not None
-            and self.correlated is None
-            and not pipe.server_transforms
-            and pipe.server_update is None
-        )
+        noise = None
         if mech is not None:
             ahead, self._noise = self._noise, None
             if ahead is not None and ahead[:2] == (rnd, clip_t):
@@ -384,30 +308,18 @@ class Server:
             else:
                 with self.timer.phase("noise_draw"):
                     noise = self._draw_noise(rnd)
-            if not fused:
-                avg = mech.privatize(summed, noise, spec.sampling.denominator)
-        else:
-            avg = summed / total.num_clients if total.num_clients else torch.zeros_like(summed)
-        lr = round_lr(spec.local_lr, spec.lr_decay, rnd)
-        ctx = {"shapes": self.shapes, "g_tilde": self.g_tilde, "steps": spec.steps, "lr": lr}
-        for transform in pipe.server_transforms:
-            avg = transform.apply(avg, ctx)
-        if fused:
-            assert mech is not None  # fused implies a private recipe
-            self.weights = mech.privatized_step(
-                self.weights, summed, noise, spec.sampling.denominator, spec.server_lr
-            )
-        elif self.correlated is not None:  # DP-FTRL: this round's noise is its tree node
-            self.weights = self.correlated.step(rnd, summed, self.weights, noise)
-        elif pipe.server_update is not None:  # PGN: g̃ ← −mean(Δ)/(ηK), x ← x − γ g̃
-            k_lr = lr * float(spec.steps or 1)
-            g_new = -avg / k_lr
-            if pipe.server_update.smoothing is not None:
-                g_new = pipe.server_update.smoothing.apply(g_new, ctx)
-            self.g_tilde = g_new.to(torch.float32)
-            self.weights = self.weights - (spec.server_lr * k_lr * g_new).to(torch.float32)
-        else:
-            self.weights = self.weights + (spec.server_lr * avg).to(torch.float32)
+        lr = round_lr(spec.local_lr, spec.lr_decay, rnd)  # public: the clients' step size
+        context = {"shapes": self.shapes, "steps": spec.steps, "lr": lr, **self.step.public()}
+        aggregate = Aggregate(
+            summed,
+            noise,
+            mech,
+            spec.sampling.denominator,
+            total.num_clients,
+            pipe.server_transforms,
+            context,
+        )
+        self.weights = self.step.update(rnd, self.weights, aggregate)
         self.timer.add("server_update", time.perf_counter() - t_update)  # noise_draw included
         self.rounds_done = rnd + 1
         n = total.num_clients
@@ -418,8 +330,7 @@ class Server:
             extra = mech.release_count(rnd, total.num_clients, total.num_clipped)
         if self.audit is not None:
             extra.update(self.audit.observe_round(rnd, before, self.weights, spec.rounds))
-        if self.correlated is not None:
-            extra.update(self.correlated.row_extra(rnd))  # dp_ftrl: the round's epoch
+        extra.update(self.step.row(rnd))  # the server step's public columns
         if not spec.secure:  # C_{t+1} is set: the next draw overlaps what follows
             self.prefetch_noise(rnd + 1)
         row: dict = {

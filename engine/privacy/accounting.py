@@ -1,36 +1,28 @@
 """Client-level privacy accounting with ``dp-accounting``: the DpEvents and ε(σ).
 
-Unit of privacy: one client (all of its data). The neighbouring relation follows
-the sampling actually used:
+Unit of privacy: one client (all of its data). What the accountant assumes comes from
+two objects and nothing else:
 
-* ``poisson`` — each client joins a round independently with probability q;
-  add/remove-one adjacency; one round is ``PoissonSampledDpEvent(q, Gaussian(z))``.
-  Accounted by RDP (default) or PLD.
-* ``poisson`` with a hard cap ``max_cohort`` — truncated Poisson (a random subset
-  of size ``max_cohort`` is kept when more clients are drawn):
-  ``TruncatedSubsampledGaussianDpEvent``; PLD only.
-* ``fixed`` — ``m`` clients without replacement; replace-one adjacency. The clipped
-  sum then has sensitivity 2C while dp-accounting's ``SampledWithoutReplacement``
-  RDP assumes C (library issue #378), so the Gaussian inside the event is given
-  ``z / 2``: sound but far looser than Poisson. RDP only.
-* ``epochs`` — participation without sampling (DP-FTRL, ``engine.privacy.tree_aggregation``):
-  each epoch is a pass over the population in ⌊N/m⌋ disjoint cohorts of m clients, with
-  one tree of noise per epoch; replace-special adjacency; an epoch is
-  ``SingleEpochTreeAggregationDpEvent(z, ⌊N/m⌋)`` and epochs compose. RDP only.
-* ``bands`` — b-min-separation (banded matrix factorization, ``engine.privacy.banded_mf``):
-  each client in at most one of any b consecutive rounds; the rounds so far are one
-  Gaussian mechanism with multiplier z / sens, sens the strategy's sensitivity.
+* the run's participation (:class:`engine.privacy.participation.Participation`), which
+  *states* the sampling: its adjacency (the neighbouring relation), the accountants
+  that can account it and, where it samples, one round's subsampled Gaussian
+  (Poisson: ``PoissonSampledDpEvent``, add/remove one; truncated Poisson:
+  ``TruncatedSubsampledGaussianDpEvent``, PLD only; fixed size: without replacement,
+  replace one, RDP only: :mod:`engine.privacy.sampling`);
+* the run's noise scheme (:class:`engine.privacy.noise.NoiseScheme`), which makes the
+  event of t rounds from that statement: independent noise composes the rounds'
+  subsampled Gaussians; correlated noise (the methods' modules in ``algorithms``)
+  builds its own event under the participation it was made for.
 
 ε is never assumed: every figure comes from the event built from the noise
-multiplier, sampling and number of rounds actually used. Turning a budget into z (or
-δ) is :mod:`engine.privacy.resolve`'s, with the same events.
+multiplier, the participation and the number of rounds actually used. Turning a budget
+into z (or δ) is :mod:`engine.privacy.resolve`'s, with the same events.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import dp_accounting
@@ -38,8 +30,10 @@ import numpy as np
 from dp_accounting import pld, rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from engine.privacy import banded_mf, calibration_store
-from engine.privacy import tree_aggregation as tree
+from engine.privacy import calibration_store
+from engine.privacy.noise import GAUSSIAN, NoiseScheme
+from engine.privacy.participation import Participation
+from engine.privacy.sampling import SamplingSpec  # noqa: F401 - re-exported (a mode to its statement)
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -47,172 +41,40 @@ PLD_REPORT_DISCRETIZATION = 1e-4
 PLD_MIN_Z = 0.3  # below this a PLD needs gigabytes; use RDP there
 
 
-@dataclass(frozen=True)
-class SamplingSpec:
-    """Public facts about how cohorts are drawn, as the accountant needs them."""
-
-    mode: str  # "poisson" | "fixed" | "epochs" | "bands"
-    num_clients: int
-    rate: float | None = None  # poisson
-    cohort_size: int | None = None  # fixed, epochs, bands
-    max_cohort: int | None = None  # poisson with a hard cap (truncated Poisson)
-    bands: int | None = None  # bands: b (each client in at most one of b consecutive rounds)
-    horizon: int | None = None  # bands: the rounds the strategy was built for
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("poisson", "fixed", "epochs", "bands"):
-            raise ValueError(f"sampling.mode={self.mode!r} must be poisson, fixed, epochs or bands")
-        if self.mode == "poisson" and not (self.rate is not None and 0 < self.rate <= 1):
-            raise ValueError(f"sampling.rate={self.rate!r} must be in (0, 1]")
-        if self.mode == "bands":
-            b, n = self.bands, self.num_clients
-            if not (b is not None and b >= 1 and self.horizon is not None and self.horizon >= 1):
-                raise ValueError(f"algo.bands={b!r} must be >= 1 (and the rounds known)")
-            if not (self.cohort_size is not None and 1 <= self.cohort_size <= n // b):
-                raise ValueError(
-                    f"cohort size {self.cohort_size!r} must be in [1, N/bands = {n // b}] "
-                    f"(b-min-separation deals the {n} clients into {b} groups)"
-                )
-        if self.mode in ("fixed", "epochs") and not (
-            self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients
-        ):
-            raise ValueError(
-                f"sampling.cohort_size={self.cohort_size!r} must be in [1, {self.num_clients}]"
-            )
-
-    @property
-    def adjacency(self) -> str:
-        if self.mode in ("epochs", "bands"):
-            return tree.ADJACENCY
-        return "replace_one" if self.mode == "fixed" else "add_remove"
-
-    @property
-    def name(self) -> str:
-        if self.mode == "epochs":
-            return tree.PARTICIPATION_NAME
-        if self.mode == "bands":
-            return banded_mf.PARTICIPATION_NAME
-        if self.mode == "fixed":
-            return "fixed_without_replacement"
-        return "truncated_poisson" if self.max_cohort is not None else "poisson"
-
-    @property
-    def effective_rate(self) -> float:
-        """Sampling probability of one client in one round (public); under ``epochs``
-        the fraction of the population in one round's cohort (m/N, not a sampling
-        probability: participation is a fixed pass, and nothing is amplified)."""
-        if self.mode in ("fixed", "epochs", "bands"):
-            assert self.cohort_size is not None
-            return self.cohort_size / self.num_clients
-        assert self.rate is not None
-        return self.rate
-
-    @property
-    def denominator(self) -> float:
-        """The fixed, public divisor of the noisy sum: m, or the expected q·N."""
-        if self.mode in ("fixed", "epochs", "bands"):
-            assert self.cohort_size is not None
-            return float(self.cohort_size)
-        assert self.rate is not None
-        return self.rate * self.num_clients
-
-    @property
-    def rounds_per_epoch(self) -> int:
-        """R = ⌊N/m⌋ rounds per pass over the population (``epochs`` only)."""
-        assert self.mode == "epochs" and self.cohort_size is not None
-        return tree.rounds_per_epoch(self.num_clients, self.cohort_size)
-
-    @property
-    def neighboring_relation(self) -> dp_accounting.NeighboringRelation:
-        """dp-accounting's relation for this sampling's adjacency."""
-        if self.mode in ("epochs", "bands"):
-            return dp_accounting.NeighboringRelation.REPLACE_SPECIAL
-        if self.mode == "fixed":
-            return dp_accounting.NeighboringRelation.REPLACE_ONE
-        return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-
-    def default_accountant(self) -> str:
-        return "pld" if self.max_cohort is not None else "rdp"
-
-    def check_accountant(self, accountant: str) -> None:
-        if self.max_cohort is not None and accountant != "pld":
-            raise ValueError(
-                f"privacy.accountant={accountant!r}: sampling.max_cohort is accounted as "
-                "truncated Poisson, which only the PLD accountant supports"
-            )
-        if self.mode == "fixed" and accountant != "rdp":
-            raise ValueError(
-                f"privacy.accountant={accountant!r}: fixed-size sampling is supported only "
-                "by the RDP accountant"
-            )
-        if self.mode == "epochs" and accountant != "rdp":
-            raise ValueError(
-                f"privacy.accountant={accountant!r}: tree aggregation (epoch participation) "
-                "is accounted by the RDP accountant only"
-            )
+def noise_of(spec: Participation, noise: NoiseScheme | None = None) -> NoiseScheme:
+    """``noise``, or when it is not named the scheme ``spec`` is accounted with by
+    default (its ``default_noise``: independent Gaussian noise for sampled
+    participation; a participation made for correlated noise names its scheme)."""
+    if noise is not None:
+        return noise
+    return getattr(spec.statement, "default_noise", None) or GAUSSIAN
 
 
-def round_event(noise_multiplier: float, spec: SamplingSpec) -> dp_accounting.DpEvent:
-    """The DpEvent of one round of clipped-sum + Gaussian noise N(0, (zC)^2)."""
-    z = float(noise_multiplier)
-    if spec.mode in ("epochs", "bands"):
-        raise ValueError(
-            f"{spec.name} participation (correlated noise) has no per-round event: use run_event"
-        )
-    if spec.mode == "fixed":
-        # Replace-one sensitivity of a clipped sum is 2C; the library's WOR RDP assumes
-        # C, so the Gaussian is described with half the multiplier (sound).
-        assert spec.cohort_size is not None
-        return dp_accounting.SampledWithoutReplacementDpEvent(
-            spec.num_clients, spec.cohort_size, dp_accounting.GaussianDpEvent(z / 2.0)
-        )
-    assert spec.rate is not None
-    if spec.max_cohort is not None:
-        return dp_accounting.TruncatedSubsampledGaussianDpEvent(
-            dataset_size=spec.num_clients,
-            sampling_probability=spec.rate,
-            truncated_batch_size=spec.max_cohort,
-            noise_multiplier=z,
-        )
-    return dp_accounting.PoissonSampledDpEvent(spec.rate, dp_accounting.GaussianDpEvent(z))
+def round_event(noise_multiplier: float, spec: Participation) -> dp_accounting.DpEvent:
+    """The DpEvent of one round of clipped sum + independent N(0, (zC)²): the
+    participation's subsampled Gaussian."""
+    return spec.statement.sampled_gaussian(noise_multiplier)
 
 
-def run_event(noise_multiplier: float, spec: SamplingSpec, rounds: int) -> dp_accounting.DpEvent:
-    """The DpEvent of ``rounds`` rounds: the round event self-composed, or under
-    ``epochs`` the epochs' trees composed (:func:`tree_aggregation.rounds_event`)."""
-    if spec.mode == "epochs":
-        per_epoch = spec.rounds_per_epoch
-        epoch = tree.epoch_event(noise_multiplier, per_epoch)
-        return tree.rounds_event(epoch, per_epoch, rounds)
-    if spec.mode == "bands":
-        return banded_event(noise_multiplier, spec, rounds)
-    return dp_accounting.SelfComposedDpEvent(round_event(noise_multiplier, spec), rounds)
+def run_event(
+    noise_multiplier: float,
+    spec: Participation,
+    rounds: int,
+    noise: NoiseScheme | None = None,
+) -> dp_accounting.DpEvent:
+    """The DpEvent of ``rounds`` rounds of the noise scheme under ``spec``."""
+    return noise_of(spec, noise).run_event(float(noise_multiplier), spec, int(rounds))
 
 
-def banded_event(noise_multiplier: float, spec: SamplingSpec, rounds: int) -> dp_accounting.DpEvent:
-    """The first ``rounds`` rows of C·X + Z for the run's banded strategy: one Gaussian
-    with multiplier z / sens (:mod:`engine.privacy.banded_mf`)."""
-    assert spec.mode == "bands" and spec.bands is not None and spec.horizon is not None
-    if not 0 <= rounds <= spec.horizon:
-        raise ValueError(f"rounds={rounds} beyond the strategy's {spec.horizon} rounds")
-    c = banded_mf.strategy(spec.horizon, spec.bands)
-    bands = min(spec.bands, spec.horizon)
-    return banded_mf.gaussian_event(noise_multiplier, banded_mf.sensitivity(c, rounds, bands))
-
-
-def unit_event(noise_multiplier: float, spec: SamplingSpec) -> dp_accounting.DpEvent:
-    """The event :class:`EpsilonTracker` composes: one round's, one epoch's tree under
-    ``epochs``, or the whole planned strategy under ``bands``."""
-    if spec.mode == "epochs":
-        return tree.epoch_event(noise_multiplier, spec.rounds_per_epoch)
-    if spec.mode == "bands":
-        assert spec.horizon is not None
-        return banded_event(noise_multiplier, spec, spec.horizon)
-    return round_event(noise_multiplier, spec)
+def unit_event(
+    noise_multiplier: float, spec: Participation, noise: NoiseScheme | None = None
+) -> dp_accounting.DpEvent:
+    """The event :class:`EpsilonTracker` composes: one round's, or the scheme's unit."""
+    return noise_of(spec, noise).unit_event(float(noise_multiplier), spec)
 
 
 def make_accountant(
-    accountant: str, spec: SamplingSpec, discretization: float = PLD_REPORT_DISCRETIZATION
+    accountant: str, spec: Participation, discretization: float = PLD_REPORT_DISCRETIZATION
 ) -> dp_accounting.PrivacyAccountant:
     relation = spec.neighboring_relation
     if accountant == "rdp":
@@ -230,7 +92,7 @@ _ONE_ROUND_RDP_MAX = 1024  # ~2.5 MB of curves at most
 
 
 def one_round_rdp(
-    event: dp_accounting.DpEvent, spec: SamplingSpec
+    event: dp_accounting.DpEvent, spec: Participation
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(orders, RDP of one round)`` of ``event`` under ``spec``'s adjacency.
 
@@ -265,13 +127,14 @@ def forget_remembered() -> None:
 
 def compute_epsilon(
     noise_multiplier: float,
-    spec: SamplingSpec,
+    spec: Participation,
     rounds: int,
     delta: float,
     accountant: str = "rdp",
     discretization: float = PLD_REPORT_DISCRETIZATION,
+    noise: NoiseScheme | None = None,
 ) -> float:
-    """ε after ``rounds`` rounds of the mechanism described by (z, spec)."""
+    """ε after ``rounds`` rounds of the mechanism described by (z, spec, noise)."""
     spec.check_accountant(accountant)
     if rounds <= 0:
         return 0.0
@@ -282,11 +145,12 @@ def compute_epsilon(
             f"privacy.noise_multiplier={noise_multiplier}: the PLD accountant needs z >= "
             f"{PLD_MIN_Z} (memory); use privacy.accountant=rdp"
         )
-    if spec.mode in ("epochs", "bands"):  # not linear in the rounds: the rounds that ran
+    scheme = noise_of(spec, noise)
+    if not scheme.linear:  # not linear in the rounds: the event of the rounds that ran
         acc = make_accountant(accountant, spec, discretization)
-        acc.compose(run_event(noise_multiplier, spec, rounds))
+        acc.compose(scheme.run_event(noise_multiplier, spec, rounds))
         return float(acc.get_epsilon(delta))
-    event = round_event(noise_multiplier, spec)
+    event = scheme.unit_event(noise_multiplier, spec)
     if accountant == "rdp":
         orders, rdp1 = one_round_rdp(event, spec)
         return float(rdp_privacy_accountant.compute_epsilon(orders, rounds * rdp1, delta)[0])
@@ -306,25 +170,26 @@ class EpsilonTracker:
     def __init__(
         self,
         noise_multiplier: float,
-        spec: SamplingSpec,
+        spec: Participation,
         delta: float,
         accountant: str,
         event: dp_accounting.DpEvent | None = None,
+        noise: NoiseScheme | None = None,
     ) -> None:
-        """``event`` is the run's mechanism's ``dp_event`` (the server passes it, so the
-        mechanism that noises is the one accounted); default: :func:`unit_event`."""
+        """``noise`` is the run's noise scheme and ``event`` its mechanism's
+        ``dp_event`` (the server passes both, so the mechanism that noises is the one
+        accounted); default: :func:`unit_event` of the default scheme."""
         spec.check_accountant(accountant)
         self.noise_multiplier = float(noise_multiplier)
         self.spec = spec
+        self.noise = noise_of(spec, noise)
         self.delta = float(delta)
         self.accountant = accountant
-        # under epochs: one epoch's tree, composed per epoch
-        self.event = unit_event(self.noise_multiplier, spec) if event is None else event
+        self.event = self.noise.unit_event(self.noise_multiplier, spec) if event is None else event
         self._orders: np.ndarray | None = None
         self._rdp1: np.ndarray | None = None
         self._pld1: Any = None  # one-round PLD, self-composed per query
-        correlated = spec.mode in ("epochs", "bands")
-        if accountant == "rdp" and self.noise_multiplier > 0 and not correlated:
+        if accountant == "rdp" and self.noise_multiplier > 0 and self.noise.linear:
             self._orders, self._rdp1 = one_round_rdp(self.event, spec)
 
     def epsilon(self, rounds: int) -> float:
@@ -332,14 +197,10 @@ class EpsilonTracker:
             return 0.0
         if self.noise_multiplier <= 0:
             return math.inf
-        if self.spec.mode == "epochs":
+        if not self.noise.linear:  # the event of the rounds that ran, composed afresh
             acc = make_accountant(self.accountant, self.spec)
-            acc.compose(tree.rounds_event(self.event, self.spec.rounds_per_epoch, rounds))
+            acc.compose(self.noise.run_event(self.noise_multiplier, self.spec, rounds))
             return float(acc.get_epsilon(self.delta))
-        if self.spec.mode == "bands":  # the first t rows of the strategy (its sensitivity)
-            return compute_epsilon(
-                self.noise_multiplier, self.spec, rounds, self.delta, self.accountant
-            )
         if self._rdp1 is not None:
             eps, _ = rdp_privacy_accountant.compute_epsilon(
                 self._orders, rounds * self._rdp1, self.delta

@@ -32,9 +32,9 @@ Estimation for Federated Learning" (ICLR 2024). With ``eval.audit_canaries=K``:
   K canaries as independent trials (the one-run heuristic), and with K canaries it
   cannot exceed about log(K).
 
-Correlated noise (``dp_ftrl``, ``dp_bandmf``): the canaries follow the recipe's
-participation rule instead of rate q, and the every-round statistic is the whitened
-matched filter over the trajectory; see :mod:`engine.privacy.audit_correlated`.
+Correlated noise: the canaries follow the recipe's participation rule instead of rate
+q, and the every-round statistic is the whitened matched filter over the trajectory;
+see :mod:`engine.privacy.audit_correlated`.
 
 Neither number is a privacy guarantee or a release: both are *diagnostics* of this
 run under this threat model (an adversary who inserts canary clients and sees the
@@ -56,9 +56,6 @@ from scipy import stats
 from engine.privacy import rng as rngs
 
 AUDIT_ALPHA = 0.05  # the lower bound holds with confidence 1 − AUDIT_ALPHA
-#: ``audit_statistic`` of the whitened trajectory statistic under correlated noise, by
-#: participation (engine.privacy.audit_correlated)
-CORRELATED_STATISTICS = {"epochs": "whitened_tree_nodes", "bands": "whitened_banded_strategy"}
 
 
 @dataclass(frozen=True)
@@ -72,9 +69,9 @@ class AuditSpec:
     num_clients: int  # the real population N
     delta: float
     every_round: bool = False
-    #: the recipe's participation: ``sampled`` (Poisson/fixed, the canaries at rate q),
-    #: or ``epochs``/``bands`` (correlated noise: engine.privacy.audit_correlated)
-    participation: str = "sampled"
+    #: None: sampled participation, the canaries at rate q; under correlated noise the
+    #: every-round statistic its scheme names (engine.privacy.audit_correlated)
+    correlated_statistic: str | None = None
     rounds: int = 0  # T, the run's rounds (the correlated audit keeps one row per round)
 
     @property
@@ -82,9 +79,7 @@ class AuditSpec:
         """The ``audit_statistic`` column: what each direction's score is."""
         if not self.every_round:
             return "final_model_cosine"
-        if self.participation == "sampled":
-            return "max_round_cosine"
-        return CORRELATED_STATISTICS[self.participation]
+        return self.correlated_statistic or "max_round_cosine"
 
     def summary(self) -> dict:
         return {
@@ -99,12 +94,22 @@ def audit_spec(config, plan, dim: int) -> AuditSpec | None:
     """The run's audit; ``None`` when ``eval.audit_canaries=0`` or for a non-private
     recipe (a canary's update is scaled to the clip norm, which such a recipe lacks), so
     ``dpfl compare`` and ``dpfl tune`` can mix private and non-private recipes. Under
-    correlated noise (participation ``epochs`` or ``bands``) the server builds the
-    adapted audit (:func:`engine.privacy.audit_correlated.make_audit`)."""
+    correlated noise (a scheme naming its statistic) the server builds the adapted
+    audit (:func:`engine.privacy.audit_correlated.make_audit`). Otherwise the canaries
+    take part at the clients' rate, which only a sampled participation's accounting
+    covers: another one is refused (ValueError), the audit's verdict would be about
+    neighbours the accountant does not cover."""
     k = config.eval.audit_canaries
     if k == 0 or not plan.private:
         return None
-    mode = plan.sampling.mode
+    if plan.noise.audit_statistic is None:
+        try:
+            plan.sampling.statement.sampled_gaussian(1.0)
+        except ValueError:
+            raise ValueError(
+                f"eval.audit_canaries={k}: the canary audit needs sampled participation or "
+                f"a noise scheme with an audit model, not {plan.sampling.name}"
+            ) from None
     return AuditSpec(
         seed=config.seed,
         canaries=k,
@@ -113,7 +118,7 @@ def audit_spec(config, plan, dim: int) -> AuditSpec | None:
         num_clients=config.dataset.num_clients,
         delta=plan.delta,
         every_round=config.eval.audit_every_round,
-        participation=mode if mode in ("epochs", "bands") else "sampled",
+        correlated_statistic=plan.noise.audit_statistic,
         rounds=config.rounds,
     )
 

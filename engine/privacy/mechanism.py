@@ -21,8 +21,11 @@ updates (docs/algorithms.md §0):
   release mode (``privacy.secure_noise``). A template mechanism (the one a recipe's
   privatizer holds) has no randomness; the server and every worker :meth:`bind` their
   own copy, each starting at C_0.
-* **Accounting.** :meth:`GaussianMechanism.dp_event` is the event the accountant composes, from the
-  accounted z and the sampling actually used (never from z_Δ).
+* **Accounting.** :meth:`GaussianMechanism.dp_event` is the event the accountant
+  composes, from the accounted z (never z_Δ), the participation actually used and the
+  mechanism's noise scheme (:mod:`engine.privacy.noise`: independent noise, or the
+  correlated schemes of the methods' modules in ``algorithms``, which say what a round's draw is and
+  refuse a participation their event does not hold under).
 
 Norms and clipped counts computed while clipping are non-private diagnostics; only the
 noised sum and, under adaptive clipping, the noised count are releases.
@@ -52,11 +55,12 @@ from engine.privacy.kernels import (
     gaussian_noise,
     noisy_mean_step,
 )
+from engine.privacy.noise import GAUSSIAN, NoiseScheme
 
 if TYPE_CHECKING:  # dp-accounting loads only where an event is built (dp_event)
     import dp_accounting
 
-    from engine.privacy.accounting import SamplingSpec
+    from engine.privacy.participation import Participation
 
 
 @dataclass(eq=False)
@@ -66,9 +70,9 @@ class GaussianMechanism:
     clip_norm: float  # C_0 (privacy.clip_norm): public
     noise_multiplier: float  # z, the accounted noise multiplier
     site: str = "server"  # who adds the noise: "server" (central) or "client"
-    #: "none": independent noise per round; "tree" (DP-FTRL) or "banded" (banded MF):
-    #: the round's draw is a node of correlated noise, and the event is the run's
-    correlation: str = "none"
+    #: what a round's draw is and what the rounds cost: independent noise, or a node of
+    #: correlated noise (engine.privacy.noise)
+    scheme: NoiseScheme = GAUSSIAN
     #: quantile clipping's public parameters (privacy.clip_mode=adaptive), else None
     adaptive: AdaptiveClipSpec | None = None
     #: where draws come from; None for a template (a recipe's), which draws nothing
@@ -208,23 +212,13 @@ class GaussianMechanism:
 
     # ---------------------------------------------------------------- events
 
-    def dp_event(self, sampling: SamplingSpec, rounds: int | None = None) -> dp_accounting.DpEvent:
+    def dp_event(self, sampling: Participation, rounds: int | None = None) -> dp_accounting.DpEvent:
         """The accounted event of the accounted z under ``sampling``: the unit the
-        tracker composes (one round; one epoch's tree; the banded run), or with
+        tracker composes (one round, or the noise scheme's unit), or with
         ``rounds`` the whole run of that many rounds. Adaptive clipping is accounted
-        with z as fixed clipping is (its two releases compose into one Gaussian).
-        Correlated noise is accounted only under the participation it was built for."""
-        from engine.privacy import accounting
-
-        z = self.noise_multiplier
-        if self.correlation == "tree" and sampling.mode != "epochs":
-            raise ValueError(
-                f"tree aggregation needs epoch participation, not {sampling.name} sampling"
-            )
-        if self.correlation == "banded" and sampling.mode != "bands":
-            raise ValueError(f"banded noise needs b-min-separation, not {sampling.name} sampling")
-        if self.correlation == "none" and sampling.mode in ("epochs", "bands"):
-            return accounting.round_event(z, sampling)  # raises: no independent-noise event
+        with z as fixed clipping is (its two releases compose into one Gaussian). The
+        scheme refuses a participation its event does not hold under."""
+        self.scheme.accepts(sampling)
         if rounds is None:
-            return accounting.unit_event(z, sampling)
-        return accounting.run_event(z, sampling, rounds)
+            return self.scheme.unit_event(self.noise_multiplier, sampling)
+        return self.scheme.run_event(self.noise_multiplier, sampling, rounds)

@@ -1,31 +1,21 @@
-"""DP-FTRL's tree aggregation (Kairouz et al., ICML 2021, arXiv:2103.00039): the
-participation, the noise of the online estimator, and the privacy event.
+"""The arithmetic of DP-FTRL's tree aggregation (Kairouz et al., ICML 2021,
+arXiv:2103.00039); the method, its participation, noise scheme, server step and privacy
+argument are :mod:`algorithms.dp_ftrl`'s.
 
-Participation without sampling (``SamplingSpec(mode="epochs")``): the population of N
-clients is split, once per epoch, into R = ⌊N/m⌋ disjoint cohorts of m clients by a
-permutation drawn from the run's seed; the N − R·m clients left over sit the epoch
-out. So every client contributes to at most one round of an epoch. The privacy
-argument does not use the permutation's randomness (any data-independent order is
-covered), only that a client appears at most once per tree.
-
-Noise: one binary tree per epoch (restarted at every epoch, as in the paper's
-Appendix D). The leaves are the R rounds; node (k, j) covers rounds
-[j·2^k + 1, (j + 1)·2^k] (1-based within the epoch) and carries N(0, (zC)² I). The
-*online* estimator of the prefix sum after round t adds the nodes of the dyadic
-decomposition of [1, t]: one node per set bit k of t. Each of them is the level-v₂(e)
-node that ends at some e ≤ t (v₂ = number of trailing zero bits), so only one new node
-is needed per round: the node of level v₂(t) ending at t. :class:`OnlineTreeNoise`
-draws it from that round's noise stream and keeps the ≤ log₂ R + 1 nodes of the current
-decomposition. The honest (Honaker) estimator is not implemented.
-
-Accounting: with sensitivity C per node (a client's clipped update, replaced by the
-zero "special" record of the replace-special adjacency) a client's leaf lies in at most
-D(R) = ⌈log₂(R + 1)⌉ nodes of its epoch's tree, so one epoch is a Gaussian mechanism of
-ℓ₂ sensitivity √D·C and noise zC: dp-accounting's
-``SingleEpochTreeAggregationDpEvent(z, R)`` (RDP α·D/(2z²), neighbouring relation
-``REPLACE_SPECIAL``). Epochs compose (a client is in every epoch's tree); a partial last
-epoch of r rounds is the same event with ``step_counts=r`` (only nodes ending at rounds
-≤ r have been released, and a leaf lies in at most D(r) of those).
+* :func:`epoch_cohort`: each epoch a permutation of the N clients from the seed, cut into
+  R = ⌊N/m⌋ disjoint cohorts of m (a client in at most one round per epoch);
+* :class:`OnlineTreeNoise`: one binary tree per epoch whose leaves are the R rounds;
+  node (k, j) covers rounds [j·2^k + 1, (j + 1)·2^k] (1-based within the epoch) and
+  carries N(0, (zC)² I); the online estimator's noise after round t is the sum of the
+  nodes of the dyadic decomposition of [1, t], one per set bit of t, and the one new node
+  a round needs is the node of level v₂(t) ending at t (v₂: trailing zero bits). The
+  honest (Honaker) estimator is not implemented;
+* :func:`epoch_event`, :func:`rounds_event`: a client's leaf lies in at most
+  D(R) = ⌈log₂(R + 1)⌉ nodes of its epoch's tree, so an epoch is dp-accounting's
+  ``SingleEpochTreeAggregationDpEvent(z, R)`` (RDP α·D/(2z²), replace-special); epochs
+  compose, a partial last epoch of r rounds is the same event with r steps;
+* :func:`tree_observation`, :func:`tree_sensitivity_sq`, :func:`decode_tree`: the canary
+  audit's view of the tree (engine.privacy.audit_correlated).
 """
 
 from __future__ import annotations
@@ -38,7 +28,7 @@ if TYPE_CHECKING:  # torch is imported by the methods that use it (the accountan
     import dp_accounting  # the accountant's events only (a client worker never imports it)
     import torch
 
-#: ``SamplingSpec.name`` of epoch participation (the ``sampling`` column).
+#: The ``sampling`` column of epoch participation.
 PARTICIPATION_NAME = "epoch_passes"
 ADJACENCY = "replace_special"
 
@@ -90,6 +80,37 @@ def epoch_cohort(seed: int, rnd: int, num_clients: int, cohort_size: int) -> np.
     order = rngs.numpy_rng(seed, rngs.SAMPLING, epoch, 1).permutation(num_clients)
     block = order[pos * cohort_size : (pos + 1) * cohort_size]
     return np.sort(block).astype(np.int64)
+
+
+def tree_observation(rounds: int, per_epoch: int) -> np.ndarray:
+    """W (rounds × rounds) of tree aggregation: row t has ones on the rounds of the node
+    that ends at round t (1-based leaf ℓ of its epoch: the last 2^{v₂(ℓ)} leaves)."""
+    w = np.zeros((rounds, rounds))
+    for t in range(rounds):
+        leaf = t % per_epoch + 1
+        span = leaf & -leaf
+        w[t, t - span + 1 : t + 1] = 1.0
+    return w
+
+
+def tree_sensitivity_sq(rounds: int, per_epoch: int) -> int:
+    """Σ over the epochs run of D(r) = ⌈log₂(r + 1)⌉: the squared sensitivity (÷ C) of
+    all nodes released after ``rounds`` rounds, as the accountant composes them."""
+    full, rest = divmod(int(rounds), int(per_epoch))
+    depth = (per_epoch).bit_length()  # ⌈log₂(R + 1)⌉ = bit length of R
+    return full * depth + (rest.bit_length() if rest else 0)
+
+
+def decode_tree(q: np.ndarray, per_epoch: int, momentum: float) -> np.ndarray:
+    """Projected noisy per-round sums x̂ (∝, rows = rounds) from projected model changes
+    under DP-FTRLM: per epoch, P = cumsum(q) ∝ M, X̃_t ∝ M_t − γM_{t−1}, x̂_t = X̃_t − X̃_{t−1}."""
+    out = np.empty_like(q)
+    for s in range(0, q.shape[0], per_epoch):
+        m = np.cumsum(q[s : s + per_epoch], axis=0)
+        prefix = m.copy()
+        prefix[1:] -= momentum * m[:-1]
+        out[s : s + per_epoch] = np.diff(prefix, axis=0, prepend=0.0)
+    return out
 
 
 def trailing_zeros(t: int) -> int:

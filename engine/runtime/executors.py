@@ -71,8 +71,9 @@ def with_released(error: WorkerLostError, released: int) -> WorkerLostError:
 
 
 _Played = TypeVar("_Played")
-#: ``release(row, checkpoint)``: :meth:`Executor.run_rounds` hands over a finished row
-Release = Callable[[dict, Callable[[], dict]], None]
+#: ``release(row, checkpoint)``: :meth:`Executor.run_rounds` hands over a finished row;
+#: a true return value stops the run after that row
+Release = Callable[[dict, Callable[[], dict]], "bool | None"]
 
 
 @dataclass(frozen=True)
@@ -255,14 +256,20 @@ class Executor:
 
         A failure stops the run with round t's row unreleased: its checkpoint is not
         written either, so a resume computes round t again, with the same values.
+
+        ``release`` returning true (a callback stopped the run) ends it after that row:
+        no later row is released. Beside training, the round under way is finished and
+        not released (the pool then holds a model no row describes).
         """
         pool = self.pool
         if not pool.overlaps_evaluation:
             for rnd in range(start, stop):
                 row = self.run_round(rnd)
-                release(row, pool.checkpoint)
+                if release(row, pool.checkpoint):
+                    return
             return
         held: tuple[dict, EvaluationBehind, Any] | None = None  # a row, its sums, its state
+        stopped = False
 
         def checkpoint_of(handle: Any) -> Callable[[], dict]:
             return lambda: pool.checkpoint(handle)
@@ -270,7 +277,7 @@ class Executor:
         def release_held(recover: bool) -> None:
             """Complete and release the held row, if its sums are in (``recover``:
             evaluate again what a lost worker did not finish)."""
-            nonlocal held
+            nonlocal held, stopped
             if held is None:
                 return
             row, behind, handle = held
@@ -282,7 +289,7 @@ class Executor:
                 return
             held = None
             row["test_accuracy"], row["test_loss"] = combine_sums(sums)
-            release(row, checkpoint_of(handle))
+            stopped = bool(release(row, checkpoint_of(handle)))
 
         def beside_training() -> None:
             release_held(recover=False)
@@ -307,9 +314,12 @@ class Executor:
                 raise with_released(lost, rnd - 1) from lost
             row["actor_retries_nonprivate"] = pool.retries
             release_held(recover=True)  # when a lost worker kept it from the round
+            if stopped:  # the previous row stopped the run: this one is not released
+                return
             handle = pool.checkpoint_handle()
             if behind is None:
-                release(row, checkpoint_of(handle))
+                if release(row, checkpoint_of(handle)):
+                    return
             else:
                 held = (row, behind, handle)
         release_held(recover=True)

@@ -1,25 +1,37 @@
-"""The per-round side effects of :func:`engine.simulation.simulate`, one callback each.
+"""dpfl's own per-round side effects of :func:`engine.simulation.simulate`, each a
+:class:`engine.simulation.round_end.Callback` (the public interface users extend; it
+is re-exported here with :class:`RoundEnd` and :class:`EarlyStopping`).
 
-After every round the loop hands the round's row to its callbacks, always in this
-order (:func:`round_callbacks` builds them so; absent ones are skipped):
+After every round the loop hands the round to its callbacks, always in this order
+(:func:`round_callbacks` builds them so; absent ones are skipped):
 
 1. :class:`Checkpoint` — ``checkpoint.pkl`` (model, server and client state, and the
    row) and the caller's ``on_checkpoint`` (Tune persists its own checkpoint there);
-2. :class:`Metrics` — the dashboard's Ray metrics (:mod:`engine.telemetry.metrics`);
-3. :class:`ParquetRows` — the row appended to ``rounds.parquet``: the release;
-4. :class:`CallerOnRound` — the caller's ``on_round(row, executor)`` (Tune's report);
-5. :class:`Progress` — the progress bar.
+2. the user's callbacks (``simulate(callbacks=...)``, the config's ``callbacks:``):
+   each receives the round's public :class:`RoundEnd` only, may add public columns
+   and may stop the run;
+3. :class:`Metrics` — the dashboard's Ray metrics (:mod:`engine.telemetry.metrics`);
+4. :class:`ParquetRows` — the row appended to ``rounds.parquet``: the release;
+5. :class:`CallerOnRound` — the caller's ``on_round(row, executor)`` (Tune's report);
+6. :class:`Progress` — the progress bar.
+
+dpfl's own callbacks are :class:`OwnCallback`: besides the public :class:`RoundEnd`
+the runner gives them, at construction, privileged access to the run (:class:`RunAccess`:
+the whole row, non-public columns included, the executor and the round's checkpoint),
+which a user callback never receives.
 
 Checkpoint before the row: a crash after the release resumes from this round's
 state, so a released round is never computed again (its noise need not be
 reproducible bit for bit on a GPU); a crash between the two leaves the row inside the
-checkpoint, released on resume (``RoundState.replayed``: only the Parquet row, if it
-is not on disk yet, and the caller's ``on_round`` see it). When the run ends, in
+checkpoint, released on resume (``RoundState.replayed``: only the user's callbacks, the
+Parquet row, if it is not on disk yet, and the caller's ``on_round`` see it). A user
+callback that stops the run stops it after the round's callbacks. When the run ends, in
 success or failure, each callback's ``on_end`` runs, in the same order, after the
 executor has closed.
 
-When no caller waits for the release (no ``on_checkpoint``, no ``on_round``: ``dpfl
-run`` and ``simulate(write=True)``), 1 and 3 are one :class:`BackgroundWrites`: the
+When no caller waits for the release (no ``on_checkpoint``, no ``on_round``, no user
+callback: ``dpfl run`` and ``simulate(write=True)``), 1 and 4 are one
+:class:`BackgroundWrites`: the
 round's checkpoint is taken (copied) on the loop's thread, and pickling it, writing
 ``checkpoint.pkl`` and then the row run in one writer thread, in round order, while
 the next round trains (issue 26: for an 11M-parameter model about 0.25 s a round on
@@ -39,12 +51,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from engine.results import RoundWriter
 from engine.runtime.executors import Executor
 from engine.simulation.checkpoint import save_checkpoint
+from engine.simulation.round_end import Callback, EarlyStopping, RoundEnd, load_callbacks
 from engine.telemetry.metrics import RunMetrics
+
+__all__ = ["Callback", "EarlyStopping", "RoundEnd", "load_callbacks"]  # the public interface
 
 Row = dict[str, Any]
 
@@ -65,8 +80,23 @@ class RoundState:
     checkpoint: Callable[[], dict] | None = None
 
 
-class RoundCallback(Protocol):
-    """One per-round side effect of a simulation."""
+@dataclass
+class RunAccess:
+    """What dpfl's own callbacks see of the run (set by the runner before each round's
+    callbacks): the whole row and the run's state. Never handed to a user callback."""
+
+    row: Row
+    state: RoundState
+
+
+class OwnCallback(Callback):
+    """One of dpfl's own side effects: :meth:`on_round` reads the privileged
+    :class:`RunAccess` the runner gave it (:func:`round_callbacks`)."""
+
+    access: RunAccess
+
+    def on_round_end(self, end: RoundEnd) -> None:
+        self.on_round(self.access.row, self.access.state)
 
     def on_round(self, row: Row, state: RoundState) -> None:
         """Called once per finished round (and once for a replayed row)."""
@@ -75,7 +105,7 @@ class RoundCallback(Protocol):
         """Called once when the run ends (also after a failure)."""
 
 
-class Checkpoint:
+class Checkpoint(OwnCallback):
     """Writes ``checkpoint.pkl`` (if ``out_dir``) and calls ``on_checkpoint`` with the
     checkpoint (``Executor.checkpoint()`` plus ``"row"``) and the row, before the row
     is released."""
@@ -110,7 +140,7 @@ class Checkpoint:
         pass
 
 
-class BackgroundWrites:
+class BackgroundWrites(OwnCallback):
     """A :class:`Checkpoint` (without ``on_checkpoint``) and :class:`ParquetRows` run
     by one writer thread: the checkpoint is taken on the caller's thread
     (:meth:`Checkpoint.take`: copies, which nothing mutates afterwards), then written
@@ -164,7 +194,7 @@ class BackgroundWrites:
         self._raise_error()
 
 
-class Metrics:
+class Metrics(OwnCallback):
     """Records the round in the dashboard's metrics (a no-op without Ray); its time
     is the round's, the checkpoint's snapshot included (and its file, unless
     :class:`BackgroundWrites` writes it behind the next round)."""
@@ -182,7 +212,7 @@ class Metrics:
         pass
 
 
-class ParquetRows:
+class ParquetRows(OwnCallback):
     """Appends the row to ``rounds.parquet`` (rewritten atomically): its release. A
     replayed row already on disk is not written twice."""
 
@@ -202,7 +232,7 @@ class ParquetRows:
         pass
 
 
-class CallerOnRound:
+class CallerOnRound(OwnCallback):
     """The caller's ``on_round(row, executor)``: the release of the round to it (Tune
     reports the round here)."""
 
@@ -216,7 +246,7 @@ class CallerOnRound:
         pass
 
 
-class Progress:
+class Progress(OwnCallback):
     """A tqdm bar of rounds, showing the accuracy and the ε spent; created after the
     executor, so that Ray's start-up lines do not land on the bar's line."""
 
@@ -245,25 +275,30 @@ def round_callbacks(
     on_checkpoint: Callable[[dict, dict], None] | None,
     on_round: Callable[[dict, Executor], None] | None,
     progress: Progress | None,
-) -> list[RoundCallback]:
-    """The run's callbacks in their fixed order (module docstring). ``out_dir`` is
-    where ``checkpoint.pkl`` goes (None: no file); a checkpoint is taken only if it is
-    written or ``on_checkpoint`` wants it. Without ``on_checkpoint`` and ``on_round``,
-    the checkpoint file and the row are written behind the next round
-    (:class:`BackgroundWrites`)."""
-    out: list[RoundCallback] = []
+    access: RunAccess,
+    user: list[Callback] | None = None,
+) -> list[Callback]:
+    """The run's callbacks in their fixed order (module docstring); dpfl's own get
+    ``access``. ``out_dir`` is where ``checkpoint.pkl`` goes (None: no file); a
+    checkpoint is taken only if it is written or ``on_checkpoint`` wants it. Without
+    ``on_checkpoint``, ``on_round`` and user callbacks, the checkpoint file and the row
+    are written behind the next round (:class:`BackgroundWrites`)."""
+    own: list[OwnCallback] = []
+    user = list(user or [])
     behind = out_dir is not None and writer is not None
-    behind = behind and on_checkpoint is None and on_round is None
+    behind = behind and on_checkpoint is None and on_round is None and not user
     if behind:  # nobody waits for the release: write behind the next round
         assert out_dir is not None and writer is not None
-        out.append(BackgroundWrites(Checkpoint(out_dir, None), ParquetRows(writer)))
+        own.append(BackgroundWrites(Checkpoint(out_dir, None), ParquetRows(writer)))
     elif out_dir is not None or on_checkpoint is not None:
-        out.append(Checkpoint(out_dir, on_checkpoint))
-    out.append(Metrics(metrics))
+        own.append(Checkpoint(out_dir, on_checkpoint))
+    after: list[OwnCallback] = [Metrics(metrics)]
     if writer is not None and not behind:
-        out.append(ParquetRows(writer))
+        after.append(ParquetRows(writer))
     if on_round is not None:
-        out.append(CallerOnRound(on_round))
+        after.append(CallerOnRound(on_round))
     if progress is not None:
-        out.append(progress)
-    return out
+        after.append(progress)
+    for callback in (*own, *after):
+        callback.access = access
+    return [*own, *user, *after]

@@ -73,8 +73,9 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
         # The run's one pipeline: server and workers receive this object, and noise,
         # clipping and the accountant read C, z (and z_Δ) from its privatizer.
         algo = config.algo
-        if plan.sampling.mode == "bands":  # the bands the participation was built with
-            algo = dataclasses.replace(algo, bands=plan.sampling.bands)
+        resolved = plan.sampling.algo_keys()  # what the participation resolved (bands)
+        if resolved:
+            algo = dataclasses.replace(algo, **resolved)
         pipeline = build_pipeline(
             config.algorithm,
             algo,
@@ -109,8 +110,8 @@ def validate_pipeline(pipeline, model) -> None:
         personal_mask(model, pipeline.personal.layers)
 
 
-#: K for recipes that need a fixed number of local steps (PGN) when ``local.steps`` is
-#: unset. A public constant: K enters the public drift (1 − β)·K·η·g̃, the step size
+#: K for recipes that need a fixed number of local steps (``Pipeline.fixed_steps``) when
+#: ``local.steps`` is unset. A public constant: K enters such a method's public drift and step size
 #: γ = η·K and every client's work, so it may not depend on the clients' data (a
 #: median over client sizes changes when one client leaves).
 DEFAULT_FIXED_STEPS = 10
@@ -118,7 +119,7 @@ DEFAULT_FIXED_STEPS = 10
 
 def public_steps(config: RunConfig, pipeline) -> int | None:
     """K, the public number of local steps, when every client must run exactly K steps:
-    ``local.steps`` if set; for recipes that need a fixed K (PGN), otherwise
+    ``local.steps`` if set; for recipes that need a fixed K, otherwise
     :data:`DEFAULT_FIXED_STEPS`. A function of the config only, never of the data."""
     if config.local.steps is not None:
         return config.local.steps

@@ -1,16 +1,24 @@
-"""The run's privacy plan: sampling (:func:`sampling_spec`), δ, the accountant and
-σ↔ε (:func:`plan_privacy`), resolved from the config before any training."""
+"""The run's privacy plan: its participation (:func:`sampling_spec`) and noise scheme
+(:func:`noise_scheme`), δ, the accountant and σ↔ε (:func:`plan_privacy`), resolved from
+the config before any training. Both are the recipe's, built by their registered
+builders (algorithms.registry); a participation whose draw is not dpfl's own is sampled
+before it is used (:func:`engine.privacy.participation.check_draws`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from algorithms.recipes import participation
+from algorithms import registry
+from algorithms.recipes import recipe_config
+from algorithms.spec import BuildContext
 from engine.config import ConfigError, RunConfig
 from engine.privacy import rng as rngs
-from engine.privacy.accounting import SamplingSpec, default_delta
+from engine.privacy.accounting import default_delta
+from engine.privacy.noise import GAUSSIAN, NoiseScheme
+from engine.privacy.participation import Participation, check_draws
 from engine.privacy.resolve import resolve_privacy
 
 
@@ -25,16 +33,13 @@ class PrivacyPlan:
     target_epsilon: float | None  # the budget, if one was given
     planned_epsilon: float  # ε after config.rounds rounds at noise_multiplier
     accountant: str
-    sampling: SamplingSpec
+    sampling: Participation
     randomness: str = rngs.SEEDED_SIMULATION  # or rngs.SECURE (privacy.secure_noise)
+    noise: NoiseScheme = GAUSSIAN  # what a round's draw is and costs
 
     def summary(self) -> dict[str, Any]:
-        extra = (  # epoch participation (DP-FTRL): the passes' length, recorded
-            {"rounds_per_epoch": self.sampling.rounds_per_epoch}
-            if self.sampling.mode == "epochs"
-            else {}
-        )
-        return extra | {
+        # the participation's own public facts
+        return self.sampling.columns() | {
             "private": self.private,
             "randomness": self.randomness,
             "noise_multiplier": self.noise_multiplier,
@@ -50,60 +55,64 @@ class PrivacyPlan:
         }
 
 
-def sampling_spec(config: RunConfig) -> SamplingSpec:
-    s = config.sampling
-    if participation(config.algorithm) == "epochs":  # DP-FTRL: passes, no sampling
-        n = config.dataset.num_clients
-        if s.max_cohort is not None:
-            raise ConfigError(
-                f"sampling.max_cohort={s.max_cohort}: algorithm={config.algorithm} takes "
-                "cohorts of one fixed size in passes over the population (set "
-                "sampling.cohort_size with sampling.mode=fixed, or sampling.rate)"
-            )
-        m = s.cohort_size if s.mode == "fixed" else max(1, round(s.rate * n))
-        assert m is not None
-        return SamplingSpec(mode="epochs", num_clients=n, cohort_size=min(m, n))
-    if participation(config.algorithm) == "bands":  # DP-BandMF: b-min-separation
-        from algorithms.recipes import BANDMF_BANDS
-
-        n = config.dataset.num_clients
-        m = s.cohort_size if s.mode == "fixed" else max(1, round(s.rate * n))
-        assert m is not None
-        # null: BANDMF_BANDS, or fewer when the b groups of N/b clients are smaller than m
-        b = config.algo.bands or max(1, min(BANDMF_BANDS, n // m))
-        if s.max_cohort is not None:
-            raise ConfigError(
-                f"sampling.max_cohort={s.max_cohort}: algorithm={config.algorithm} takes "
-                "cohorts of one fixed size (sampling.cohort_size or sampling.rate)"
-            )
-        try:
-            return SamplingSpec("bands", n, cohort_size=m, bands=b, horizon=config.rounds)
-        except ValueError as e:
-            raise ConfigError(f"algorithm={config.algorithm}: {e}") from None
-    return SamplingSpec(
-        mode=s.mode,
+def _context(config: RunConfig) -> BuildContext:
+    return BuildContext(
+        clip_norm=config.privacy.clip_norm,
+        model_name=config.model.name,
+        recipe=recipe_config(config.algorithm, config.recipe),
+        sampling=config.sampling,
         num_clients=config.dataset.num_clients,
-        rate=s.rate if s.mode == "poisson" else None,
-        cohort_size=s.cohort_size if s.mode == "fixed" else None,
-        max_cohort=s.max_cohort,
+        rounds=config.rounds,
     )
+
+
+def sampling_spec(config: RunConfig) -> Participation:
+    """The run's participation: the one its recipe names (``sampled``: the
+    ``sampling:`` section's), built by its registered builder; raises ConfigError."""
+    ctx = _context(config)
+    spec = registry.spec(ctx.recipe.participation or "sampled")
+    try:
+        return spec.build(spec.piece_class(), config.algo, ctx)
+    except ValueError as e:
+        raise ConfigError(f"algorithm={config.algorithm}: {e}") from None
+
+
+def noise_scheme(config: RunConfig, sampling: Participation) -> NoiseScheme:
+    """The run's noise scheme: the one its recipe names (``gaussian`` by default), with
+    the ``algo.*`` values the participation resolved."""
+    ctx = _context(config)
+    spec = registry.spec(ctx.recipe.noise or "gaussian")
+    algo = dataclasses.replace(config.algo, **sampling.algo_keys())
+    try:
+        return spec.build(spec.piece_class(), algo, ctx)
+    except ValueError as e:
+        raise ConfigError(f"algorithm={config.algorithm}: {e}") from None
 
 
 def plan_privacy(config: RunConfig) -> PrivacyPlan:
     """Resolve δ, the accountant and σ↔ε for ``config``; raises ConfigError."""
     spec = sampling_spec(config)
     p = config.privacy
+    try:
+        check_draws(spec, config.seed, config.dataset.materialize is False)
+    except ValueError as e:
+        raise ConfigError(f"algorithm={config.algorithm}: {e}") from None
     mode = rngs.randomness_mode(p.secure_noise)
     if not config.is_private:
         return PrivacyPlan(False, 0.0, math.inf, 0.0, None, math.inf, "none", spec, mode)
+    noise = noise_scheme(config, spec)
     delta = p.delta if p.delta is not None else default_delta(config.dataset.num_clients)
-    if spec.mode in ("epochs", "bands") and p.secure_noise:
+    if p.secure_noise and not (noise.secure_ok and spec.secure_ok):
         # the canary audit runs (engine.privacy.audit_correlated); release mode does not
         raise ConfigError(
             f"privacy.secure_noise={p.secure_noise!r} is not available with "
             f"algorithm={config.algorithm} (correlated noise: its noise state is kept "
             "in checkpoints)"
         )
+    try:
+        noise.accepts(spec)  # a scheme refuses a participation its event does not hold under
+    except ValueError as e:
+        raise ConfigError(f"algorithm={config.algorithm}: {e}") from None
     # σ from ε (or ε from σ) at δ: the one resolver (engine.privacy.resolve)
     z = None if p.epsilon is not None else p.noise_multiplier
     try:
@@ -114,9 +123,19 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
             delta=delta,
             noise_multiplier=z,
             accountant=p.accountant,
+            noise=noise,
         )
     except ValueError as e:  # CalibrationError included
         raise ConfigError(str(e)) from None
     return PrivacyPlan(
-        True, r.noise_multiplier, p.clip_norm, delta, p.epsilon, r.epsilon, r.accountant, spec, mode
+        True,
+        r.noise_multiplier,
+        p.clip_norm,
+        delta,
+        p.epsilon,
+        r.epsilon,
+        r.accountant,
+        spec,
+        mode,
+        noise,
     )

@@ -32,7 +32,15 @@ from engine.data import FederatedDataset
 from engine.privacy.accounting import MAX_DELTA_TIMES_N
 from engine.results import RoundWriter, write_json
 from engine.runtime.executors import Executor
-from engine.simulation.callbacks import Progress, RoundState, round_callbacks
+from engine.simulation.callbacks import (
+    Callback,
+    Progress,
+    RoundEnd,
+    RoundState,
+    RunAccess,
+    load_callbacks,
+    round_callbacks,
+)
 from engine.simulation.preparation import Prepared, make_executor, prepare, privacy_options
 from engine.telemetry import timeline
 from engine.telemetry.metrics import RunMetrics, run_label
@@ -57,6 +65,18 @@ class SimulationResult:
     @property
     def final_epsilon(self) -> float:
         return float(self.rounds["epsilon"].iloc[-1])
+
+
+def once(fn: Callable[[], dict]) -> Callable[[], dict]:
+    """``fn`` called at most once (a round's checkpoint, shared by its callbacks)."""
+    memo: list[dict] = []
+
+    def call() -> dict:
+        if not memo:
+            memo.append(fn())
+        return memo[0]
+
+    return call
 
 
 def default_out_dir(config: RunConfig) -> Path:
@@ -85,11 +105,7 @@ def static_columns(prep: Prepared) -> dict[str, Any]:
         "adjacency": plan.summary()["adjacency"],
         "accountant": plan.summary()["accountant"],
         "epsilon_budget": plan.target_epsilon if plan.target_epsilon is not None else math.nan,
-        **(
-            {"rounds_per_epoch": plan.sampling.rounds_per_epoch}
-            if plan.sampling.mode == "epochs"
-            else {}
-        ),
+        **plan.sampling.columns(),  # the participation's own public facts
         "local_steps": prep.steps if prep.steps is not None else math.nan,
         **resolved_hyperparameters(prep.pipeline),
     }
@@ -109,6 +125,7 @@ def simulate(
     on_checkpoint: Callable[[dict, dict], None] | None = None,
     run_name: str = "dpfl",
     trial: str = "",
+    callbacks: list[Callback] | None = None,
 ) -> SimulationResult:
     """Run one simulation and return its rounds as a DataFrame.
 
@@ -136,7 +153,12 @@ def simulate(
         run_name: Prefix of the Ray actor names (unique per concurrent run); also the
             ``run`` tag of the dashboard metrics (:mod:`engine.telemetry.metrics`).
         trial: The ``trial`` tag of the dashboard metrics (Tune's trial id).
+        callbacks: Callbacks (:class:`engine.simulation.callbacks.Callback`) run after
+            every round with its public :class:`engine.simulation.callbacks.RoundEnd`,
+            after those the config's ``callbacks:`` import paths name; each may add
+            public columns and stop the run (:mod:`engine.simulation.round_end`).
     """
+    user = [*load_callbacks(config.callbacks), *(callbacks or [])]  # before any work
     prep = prepare(config, dataset)
     plan = prep.plan
     out_dir = Path(config.out) if config.out else default_out_dir(config)
@@ -151,12 +173,9 @@ def simulate(
             "expectation (the default delta keeps N·delta <= 0.01)",
             stacklevel=2,
         )
-    if plan.private and plan.sampling.mode == "fixed":
-        warnings.warn(
-            "sampling.mode=fixed is accounted under replace-one adjacency with sensitivity 2C; "
-            f"its epsilon ({plan.planned_epsilon:.3g}) is far looser than Poisson sampling's",
-            stacklevel=2,
-        )
+    caution = plan.sampling.caution(plan.planned_epsilon) if plan.private else None
+    if caution:
+        warnings.warn(caution, stacklevel=2)
     static = static_columns(prep)
     privacy_extra = privacy_options(prep)
     static.update(privacy_extra)
@@ -182,54 +201,82 @@ def simulate(
     start = done if resume is not None else 0
     # after the executor: Ray's start-up lines do not land on the bar's line
     bar = Progress(config.rounds, config.algorithm, start) if progress else None
-    callbacks = round_callbacks(
+    state = RoundState(executor, started=time.perf_counter())
+    access = RunAccess({}, state)
+    everyone = round_callbacks(
         metrics=RunMetrics(run_name, trial, config.algorithm),
         writer=writer,
         out_dir=out_dir if write else None,
         on_checkpoint=on_checkpoint,
         on_round=on_round,
         progress=bar,
+        access=access,
+        user=user,
     )
+    stops: list[str] = []
+    released: list[Callable[[], dict]] = []  # the last released round's checkpoint
+
+    def hand_over(row: dict, round_state: RoundState, checkpoint: Callable[[], dict]) -> bool:
+        """Run every callback on ``row``; True when one asked to stop the run."""
+        access.row, access.state = row, round_state
+        end = RoundEnd(
+            row,
+            lambda: checkpoint()["server"]["weights"],
+            config.rounds,
+            round_state.replayed,
+            row.update,
+            stops.append,
+        )
+        for callback in everyone:
+            callback.on_round_end(end)
+        released[:] = [checkpoint]
+        return bool(stops)
+
     t0 = time.perf_counter()
     timeline.mark("rounds start")
     if resume is not None:
         executor.restore(resume)
     try:
         if pending is not None:
-            if not any(int(r["round"]) == done for r in rows):
-                rows.append(dict(pending))
+            replayed = dict(pending)
             replay = RoundState(executor, replayed=True)
-            for callback in callbacks:
-                callback.on_round(dict(pending), replay)
-        state = RoundState(executor, started=time.perf_counter())
+            hand_over(replayed, replay, once(executor.checkpoint))
+            if not any(int(r["round"]) == done for r in rows):
+                rows.append(replayed)
 
-        def release(row: dict, checkpoint: Callable[[], dict]) -> None:
+        def release(row: dict, checkpoint: Callable[[], dict]) -> bool:
             """A finished round, in round order (``Executor.run_rounds``): with the Ray
-            executor possibly while the next round trains."""
+            executor possibly while the next round trains. True: a callback stopped
+            the run."""
             timeline.mark(f"round {row['round']}")
             row.update(static)
             row["wall_time_s_nonprivate"] = time.perf_counter() - t0
             if not math.isnan(row["test_accuracy"]):
                 state.last_accuracy = row["test_accuracy"]
             rows.append(row)
-            state.checkpoint = checkpoint
-            for callback in callbacks:
-                callback.on_round(row, state)
+            state.checkpoint = once(checkpoint)
+            stop = hand_over(row, state, state.checkpoint)
             state.started = time.perf_counter()
+            return stop
 
-        executor.run_rounds(start, config.rounds, release)
-        weights = executor.weights()
+        if not (pending is not None and stops):
+            state.started = time.perf_counter()
+            executor.run_rounds(start, config.rounds, release)
+        # stopped: the last released round's model (the executor may hold a later one)
+        weights = released[-1]()["server"]["weights"] if stops else executor.weights()
     finally:
         timeline.mark("closing")
         executor.close()
         timeline.mark("executor closed")
-        for callback in callbacks:
+        for callback in everyone:
             callback.on_end()
     frame = pd.DataFrame(rows)
     summary = {**plan.summary(), **privacy_extra}
     summary["final_epsilon"] = (
         float(frame["epsilon"].iloc[-1]) if len(frame) else plan.planned_epsilon
     )
+    if stops:  # a callback stopped the run: the rounds released are the run
+        summary.update(stopped_after_round=int(frame["round"].iloc[-1]), stop_reason=stops[0])
     if write:
         write_json(out_dir / "config.json", {"config": config.to_dict(), "privacy": summary})
     timeline.mark("results written")

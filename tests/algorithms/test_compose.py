@@ -12,6 +12,7 @@ import pytest
 
 import algorithms.pipeline as pl
 from algorithms import RECIPES, build_pipeline
+from algorithms.dp_fedpgn import PGNDriftRemoval
 from engine.cli import main
 from engine.config import AlgoConfig, ConfigError, RecipeConfig, load_config
 from engine.simulation import prepare, simulate
@@ -33,6 +34,12 @@ SPELLINGS: dict[str, dict] = {
     "dp2_fedsam": {"step": "sam", "personal": True},
     "dp_fedpgn": {"step": "pgn"},
     "dp_fedpgn_ls": {"step": "pgn", "server_transforms": ("laplacian_smoothing",)},
+    "dp_ftrl": {"participation": "epoch_passes", "noise": "tree", "server_step": "ftrl"},
+    "dp_bandmf": {
+        "participation": "b_min_separation",
+        "noise": "banded",
+        "server_step": "banded_momentum",
+    },
 }
 
 TINY = [*CONFTEST_TINY, "privacy.noise_multiplier=1.0"]
@@ -48,9 +55,9 @@ def _recipe_overrides(name: str) -> list[str]:
 
 
 def test_every_built_in_recipe_has_a_spelling() -> None:
-    # correlated noise (dp_ftrl, dp_bandmf) has its own participation and server step,
-    # which a recipe: section cannot name (docs/algorithms.md §9, §11, §12)
-    assert set(SPELLINGS) == {n for n, r in RECIPES.items() if r.participation == "sampled"}
+    # correlated noise (dp_ftrl, dp_bandmf) names its participation, noise scheme and
+    # server step (docs/algorithms.md §9, §11, §12)
+    assert set(SPELLINGS) == set(RECIPES)
 
 
 @pytest.mark.parametrize("name", list(SPELLINGS))
@@ -198,7 +205,7 @@ def test_structural_knobs_of_built_in_recipes_change_their_spelling() -> None:
         (lambda: pl.LaplacianSmoothing(sigma_ls=1.0, scope="rows"), "algo.ls_scope"),
         (lambda: pl.PersonalSplit(layers=0), "algo.personal_layers"),
         (lambda: pl.PersonalSplit(head_steps=0), "algo.head_steps"),
-        (lambda: pl.PGNDriftRemoval(beta=-0.5), "algo.beta"),
+        (lambda: PGNDriftRemoval(beta=-0.5), "algo.beta"),
     ],
 )
 def test_pieces_validate_their_fields(make, key) -> None:

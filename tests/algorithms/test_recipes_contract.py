@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from algorithms import RECIPES, build_pipeline
+from algorithms.dp_bandmf import MinSeparation
+from algorithms.dp_ftrl import EpochPasses
 from algorithms.pipeline import LUS, GaussianPrivatizer, Pipeline, RandK, TopK
 from engine.config import AlgoConfig, load_config
 from engine.privacy.accounting import SamplingSpec, make_accountant
@@ -42,10 +44,10 @@ def test_every_recipe_obeys_the_contract(name: str) -> None:
         # The recipe's event is accepted by the accountant and gives the recorded epsilon.
         pipe = build_pipeline(name, AlgoConfig(), 0.5, 1.0)
         spec = SamplingSpec("poisson", 30, rate=0.3)
-        if RECIPES[name].participation == "epochs":  # dp_ftrl: 3 disjoint cohorts of 9
-            spec = SamplingSpec("epochs", 30, cohort_size=9)
-        if RECIPES[name].participation == "bands":  # dp_bandmf: 3 groups of 10 (b = 3)
-            spec = SamplingSpec("bands", 30, cohort_size=9, bands=3, horizon=2)
+        if RECIPES[name].participation == "epoch_passes":  # dp_ftrl: 3 disjoint cohorts of 9
+            spec = EpochPasses(30, cohort_size=9)
+        if RECIPES[name].participation == "b_min_separation":  # dp_bandmf: 3 groups (b = 3)
+            spec = MinSeparation(30, cohort_size=9, bands=3, horizon=2)
             pipe = build_pipeline(name, AlgoConfig(bands=3), 0.5, 1.0)
         acc = make_accountant("rdp", spec)
         event = pipe.privatizer.dp_event(spec)
@@ -140,7 +142,7 @@ def test_pgn_with_beta_one_rho_zero_is_dp_fedavg() -> None:
 
 
 def test_pgn_drift_is_removed_before_clipping_and_restored_after_noise() -> None:
-    from algorithms.pipeline import PGNDriftRemoval, PGNDriftRestore
+    from algorithms.dp_fedpgn import PGNDriftRemoval, PGNDriftRestore
 
     g = torch.randn(50, dtype=torch.float64)
     delta = torch.randn(50, dtype=torch.float64)
@@ -249,7 +251,7 @@ def test_dp_fed_ls_sigma_default_follows_the_model_kind() -> None:
     assert sigma("mlp", sigma_ls=0.3) == 0.3  # an explicit value always wins
     # DP-FedPGN-LS keeps its own paper default whatever the model
     pgn = build_pipeline("dp_fedpgn_ls", AlgoConfig(), 1.0, 1.0, "logreg")
-    assert pgn.server_update.smoothing.sigma_ls == 0.01
+    assert pgn.server_step.smoothing.sigma_ls == 0.01
 
 
 def test_dp_fed_ls_model_kind_default_is_the_sigma_the_server_smooths_with(tmp_path) -> None:

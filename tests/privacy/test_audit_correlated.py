@@ -11,33 +11,45 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.pieces.correlated_noise import BandedMFPrivatizer, TreeAggregationPrivatizer
+from algorithms.dp_bandmf import BandedMF, BandedStep, MinSeparation
+from algorithms.dp_ftrl import EpochPasses, FTRLStep, TreeAggregation
+from algorithms.server_step import StepContext
 from engine.privacy import banded_mf
-from engine.privacy.accounting import SamplingSpec, compute_epsilon
+from engine.privacy.accounting import compute_epsilon
 from engine.privacy.audit import AuditSpec, gaussian_pair_epsilon
 from engine.privacy.audit_correlated import (
     CorrelatedCanaryAudit,
     decode_momentum,
-    decode_tree,
     matched_filter,
-    tree_observation,
-    tree_sensitivity_sq,
 )
+from engine.privacy.tree_aggregation import decode_tree, tree_observation, tree_sensitivity_sq
 
 DELTA = 1e-5
 GAMMA, LR = 0.9, 0.5
 
 
 def _mechanism(mode: str, z: float, rounds: int, bands: int = 2):
-    """(sampling, privatizer, server state) of a 40-client population, m = 10."""
-    priv: TreeAggregationPrivatizer | BandedMFPrivatizer
+    """(participation, server step piece, the run's server step, noise scheme) of a
+    40-client population, m = 10."""
+    sampling: EpochPasses | MinSeparation
+    step: FTRLStep | BandedStep
     if mode == "epochs":  # R = 4 rounds per epoch
-        sampling = SamplingSpec("epochs", 40, cohort_size=10)
-        priv = TreeAggregationPrivatizer(1.0, z, GAMMA)
+        sampling, step, scheme = EpochPasses(40, 10), FTRLStep(GAMMA), TreeAggregation()
     else:
-        sampling = SamplingSpec("bands", 40, cohort_size=10, bands=bands, horizon=rounds)
-        priv = BandedMFPrivatizer(1.0, z, GAMMA, bands)
-    return sampling, priv, priv.server_state(sampling, LR)
+        sampling = MinSeparation(40, 10, bands, rounds)
+        step, scheme = BandedStep(GAMMA), BandedMF(bands)
+    ctx = StepContext(LR, 0.1, 1.0, None, sampling, [], 0)
+    return sampling, step, step.start(ctx), scheme
+
+
+def _audit(spec: AuditSpec, w: torch.Tensor, mode: str, rounds: int, bands: int = 2):
+    sampling, step, _, scheme = _mechanism(mode, 1.0, rounds, bands)
+    return CorrelatedCanaryAudit(spec, w, scheme.audit_model(sampling, step, rounds))
+
+
+def _spec(seed: int, k: int, d: int, mode: str, rounds: int, every_round: bool = True):
+    statistic = "whitened_tree_nodes" if mode == "epochs" else "whitened_banded_strategy"
+    return AuditSpec(seed, k, d, 0.25, 40, DELTA, every_round, statistic, rounds=rounds)
 
 
 @pytest.mark.parametrize("mode", ["epochs", "bands"])
@@ -47,7 +59,7 @@ def test_decoding_the_trajectory_recovers_the_independent_observations(mode):
     node's rounds plus its own draw) or BandMF's C·X + Z — computed here from the
     inputs the server step was given."""
     rounds, d = 11, 6  # dp_ftrl: two full epochs of 4 and a partial one of 3
-    sampling, _, server = _mechanism(mode, 1.0, rounds, bands=3)
+    sampling, _, server, _ = _mechanism(mode, 1.0, rounds, bands=3)
     g = torch.Generator().manual_seed(0)
     xs = torch.randn(rounds, d, generator=g, dtype=torch.float64)
     zs = torch.randn(rounds, d, generator=g)
@@ -92,9 +104,7 @@ def test_participation_beyond_the_accountant_is_refused(mode):
     """A canary pattern the accountant does not cover (every round) is refused at
     start-up: the audit's verdicts would not be about the accounted mechanism."""
     rounds = 8
-    sampling, priv, _ = _mechanism(mode, 1.0, rounds)
-    spec = AuditSpec(0, 4, 10, 0.25, 40, DELTA, True, participation=mode, rounds=rounds)
-    audit = CorrelatedCanaryAudit(spec, torch.zeros(10), sampling, GAMMA)
+    audit = _audit(_spec(0, 4, 10, mode, rounds), torch.zeros(10), mode, rounds)
     assert audit.participations.sum() == 0
     audit.period = 1
     with pytest.raises(RuntimeError, match="exceeds the accounted sensitivity"):
@@ -107,10 +117,9 @@ def _audit_run(mode: str, z: float, scale: float, seed: int, every_round: bool =
     directions, and the noise the accountant assumed (``scale`` = 1) or a fraction of
     it. Returns (accountant ε, canary's exact ε, estimate, lower bound, audit)."""
     rounds, k, d = 8, 400, 12_000
-    sampling, priv, server = _mechanism(mode, z, rounds)
-    spec = AuditSpec(seed, k, d, 0.25, 40, DELTA, every_round, participation=mode, rounds=rounds)
+    sampling, _, server, scheme = _mechanism(mode, z, rounds)
     w = torch.zeros(d)
-    audit = CorrelatedCanaryAudit(spec, w, sampling, priv.momentum)
+    audit = _audit(_spec(seed, k, d, mode, rounds, every_round), w, mode, rounds)
     g = torch.Generator().manual_seed(1000 + seed)
     cols: dict = {}
     for t in range(rounds):
@@ -119,7 +128,7 @@ def _audit_run(mode: str, z: float, scale: float, seed: int, every_round: bool =
         new = server.step(t, x, w, torch.randn(d, generator=g) * (z * scale))
         cols = audit.observe_round(t, w, new, rounds)
         w = new
-    eps = compute_epsilon(z, sampling, rounds, DELTA, "rdp")
+    eps = compute_epsilon(z, sampling, rounds, DELTA, "rdp", noise=scheme)
     signal = float(np.linalg.norm(audit.w @ audit.pattern(rounds)))  # = the sensitivity
     exact = gaussian_pair_epsilon(signal / z, 1.0, 0.0, 1.0, DELTA)
     est = cols["audit_epsilon_estimate_nonprivate"]
@@ -149,12 +158,11 @@ def test_final_model_statistic_and_checkpointed_state():
     base audit's cosine, weaker); the audit state survives a checkpoint."""
     eps, _, est, lower, _ = _audit_run("bands", 4.0, 1.0, seed=1, every_round=False)
     assert 0 <= lower < eps and est < eps
-    sampling, priv, _ = _mechanism("epochs", 1.0, 8)
-    spec = AuditSpec(0, 3, 5, 0.25, 40, DELTA, True, participation="epochs", rounds=8)
-    a = CorrelatedCanaryAudit(spec, torch.zeros(5), sampling, GAMMA)
+    spec = _spec(0, 3, 5, "epochs", 8)
+    a = _audit(spec, torch.zeros(5), "epochs", 8)
     a.canary_sum(0, 1.0, None)
     a.observe_round(0, torch.zeros(5), torch.ones(5), 8)
-    b = CorrelatedCanaryAudit(spec, torch.zeros(5), sampling, GAMMA)
+    b = _audit(spec, torch.zeros(5), "epochs", 8)
     b.load_state_dict(a.state_dict())
     np.testing.assert_array_equal(a.proj, b.proj)
     np.testing.assert_array_equal(a.participations, b.participations)

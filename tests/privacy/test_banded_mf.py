@@ -12,7 +12,7 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from algorithms.pieces.correlated_noise import BandedMFPrivatizer, BandedServer
+from algorithms.dp_bandmf import BandedServer, BandedStep
 from engine.config import load_config
 from engine.privacy import banded_mf as bm
 from engine.privacy.accounting import SamplingSpec, compute_epsilon
@@ -89,8 +89,7 @@ def test_server_step_equals_a_dense_reference() -> None:
     c = random_banded(9, 2, seed=2)
     rng = np.random.default_rng(3)
     sums, z = rng.normal(size=(9, 4)), rng.normal(size=(9, 4))
-    priv = BandedMFPrivatizer(1.0, 1.0, 0.8, 2)
-    server = BandedServer(priv, c, 2, 3.0, 0.5)
+    server = BandedServer(BandedStep(0.8), c, 2, 3.0, 0.5)
     w = torch.zeros(4, dtype=torch.float32)
     for t in range(9):
         w = server.step(t, torch.from_numpy(sums[t]), w, torch.from_numpy(z[t]))

@@ -109,11 +109,14 @@ def test_events_are_the_accountants() -> None:
     mech = GaussianMechanism(C, Z)
     assert repr(mech.dp_event(poisson)) == repr(round_event(Z, poisson))
     assert repr(mech.dp_event(poisson, 30)) == repr(run_event(Z, poisson, 30))
-    epochs = SamplingSpec("epochs", 100, cohort_size=10)
+    from algorithms.dp_ftrl import EpochPasses, TreeAggregation
+
+    epochs = EpochPasses(100, cohort_size=10)
     with pytest.raises(ValueError, match="correlated noise"):
         mech.dp_event(epochs)
-    tree = GaussianMechanism(C, Z, correlation="tree")
+    tree = GaussianMechanism(C, Z, scheme=TreeAggregation())
     assert repr(tree.dp_event(epochs, 25)) == repr(run_event(Z, epochs, 25))
+    assert repr(tree.dp_event(epochs, 25)) == repr(run_event(Z, epochs, 25, TreeAggregation()))
     with pytest.raises(ValueError, match="tree aggregation needs epoch participation"):
         tree.dp_event(poisson)
 
