@@ -62,16 +62,18 @@ class OnDemandPopulation:
         return n - n_test, n_test
 
     def rows(self, idx: Any, which: int) -> np.ndarray:
-        flat = np.asarray(idx, dtype=np.int64)
-        scalar = flat.ndim == 0
-        flat = flat.reshape(-1)
+        """Rows ``idx`` (global indices, any shape) of x (``which=0``) or y: the result
+        has shape ``idx.shape`` followed by a row's shape, as a NumPy array indexed by
+        ``idx`` would (a vectorised group reads a (clients, batch) matrix at once)."""
+        index = np.asarray(idx, dtype=np.int64)
+        flat = index.reshape(-1)
         owner, pos = np.divmod(flat, self.stride)
         shape = (self.gen.dim,) if which == 0 else ()
         out = np.empty((len(flat), *shape), np.float32 if which == 0 else np.int64)
         for k in np.unique(owner).tolist():
             sel = owner == k
             out[sel] = self.client(k)[which][pos[sel]]
-        return out[0] if scalar else out
+        return out.reshape(index.shape + shape)
 
 
 class OnDemandArray:

@@ -90,3 +90,77 @@ def test_on_demand_shards_are_sticky_without_drawing_every_size(monkeypatch):
     monkeypatch.setattr(OnDemandClientIndex, "sizes", boom)
     lazy = build_dataset(DatasetConfig(materialize=False, **KW), np.random.default_rng(2))
     assert client_costs(lazy, spec) is None
+
+
+def test_on_demand_rows_keep_the_index_shape():
+    """A vectorised group reads a (clients, batch) matrix of global indices at once: the
+    rows come back in that shape, each equal to the row read alone."""
+    ds = build_dataset(DatasetConfig(materialize=False, **KW), np.random.default_rng(3))
+    idx = np.stack([ds.client_train[k][:3] for k in (2, 9, 31, 2)])  # (4, 3), a repeat
+    x, y = ds.x_train[idx], ds.y_train[idx]
+    assert x.shape == (4, 3, ds.x_train.shape[1]) and y.shape == (4, 3)
+    for i, j in np.ndindex(*idx.shape):
+        assert np.array_equal(x[i, j], ds.x_train[idx[i, j]])
+        assert y[i, j] == ds.y_train[int(idx[i, j])]
+
+
+# A cohort of ~40 clients per worker's shard: the automatic choice (groups of >= 16 on
+# the CPU) vectorises, as an explicit group size does.
+ON_DEMAND_RUN = [
+    "dataset.materialize=false",
+    "dataset.partition=natural",
+    "dataset.num_clients=400",
+    "dataset.public_eval_clients=20",
+    "dataset.synthetic_mean_samples=6",
+    "dataset.synthetic_dim=12",
+    "sampling.rate=0.2",
+    "rounds=2",
+    "local.batch_size=4",
+    "privacy.noise_multiplier=1.0",
+    "ray.num_workers=2",
+]
+
+
+@pytest.mark.parametrize("model", ["logreg", "mlp"])
+@pytest.mark.parametrize("group", ["null", "8"])
+def test_on_demand_with_vectorised_groups_equals_one_by_one(monkeypatch, model, group):
+    """The on-demand path with grouping on (the default, and an explicit size) trains
+    the clients one-by-one training does, to float32 rounding (the tolerance of
+    tests/engine/test_vectorized.py), and groups really ran."""
+    from engine.config import load_config
+    from engine.federated.group_training import VectorizedTrainer
+    from engine.simulation import simulate
+
+    groups: list[int] = []
+    train_group = VectorizedTrainer.train_group
+
+    def counted(self, global_flat, rnd, clients, public):
+        groups.append(len(clients))
+        return train_group(self, global_flat, rnd, clients, public)
+
+    monkeypatch.setattr(VectorizedTrainer, "train_group", counted)
+    base = [*ON_DEMAND_RUN, f"model.name={model}", "ray.executor=local"]
+    grouped = simulate(load_config(overrides=[*base, f"ray.clients_per_worker_batch={group}"]),
+                       write=False)  # fmt: skip
+    assert groups and max(groups) > 1
+    del groups[:]
+    one = simulate(load_config(overrides=[*base, "ray.clients_per_worker_batch=1"]), write=False)
+    assert not groups
+    np.testing.assert_allclose(grouped.weights, one.weights, rtol=1e-4, atol=1e-5)
+    cols = ["cohort_size", "epsilon", "clipped_fraction_nonprivate"]
+    assert grouped.rounds[cols].equals(one.rounds[cols])
+
+
+@pytest.mark.ray
+def test_on_demand_with_vectorised_groups_on_ray_equals_in_process(ray_session):
+    """Ray workers build the on-demand clients themselves (the population travels without
+    its cache) and train them in groups (the default): bit for bit the in-process run."""
+    from engine.config import load_config
+    from engine.simulation import simulate
+
+    base = [*ON_DEMAND_RUN, "model.name=mlp", "ray.num_cpus_per_worker=1"]
+    local = simulate(load_config(overrides=[*base, "ray.executor=local"]), write=False)
+    on_ray = simulate(load_config(overrides=[*base, "ray.executor=ray"]), write=False)
+    assert np.array_equal(local.weights, on_ray.weights)
+    cols = ["epsilon", "test_accuracy", "realised_cohort_size_nonprivate"]
+    assert local.rounds[cols].equals(on_ray.rounds[cols])
