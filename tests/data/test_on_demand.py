@@ -140,9 +140,9 @@ def test_on_demand_with_vectorised_groups_equals_one_by_one(monkeypatch, model, 
         groups.append(len(clients))
         return train_group(self, global_flat, rnd, clients, public)
 
-    def dense_counted(self, batches, layers, lr):
+    def dense_counted(self, batches, *args):
         groups.append(len(batches))
-        return dense_group(self, batches, layers, lr)
+        return dense_group(self, batches, *args)
 
     monkeypatch.setattr(VectorizedTrainer, "train_group", counted)
     monkeypatch.setattr(DenseSGDTrainer, "_group", dense_counted)

@@ -107,10 +107,19 @@ def test_dense_steps_recognise_only_dense_sequentials() -> None:
 def test_factored_trainer_equals_one_by_one(model, rnd, monkeypatch) -> None:
     """DenseSGDTrainer (the automatic choice for a dense model under plain SGD) gives
     each client the local model and update of one-by-one autograd training, to float32
-    rounding, on ragged clients (an empty one, some below one batch), two epochs, and
-    with one client over MAX_ROWS (trained one by one)."""
+    rounding, on ragged clients (an empty one, some below one batch), two epochs, in
+    several groups, with the first layer as factors (up to MAX_ROWS rows) and stepped
+    with the others (the two clients over it)."""
     monkeypatch.setattr(dense_training, "MAX_ROWS", 20)  # the 11- and 13-example clients (x2)
     monkeypatch.setattr(dense_training, "MAX_GROUP", 5)  # several groups
+    stepped: list[int] = []
+    explicit = DenseSGDTrainer._explicit_group
+
+    def counted(self, x, *args):
+        stepped.append(x.shape[0])
+        return explicit(self, x, *args)
+
+    monkeypatch.setattr(DenseSGDTrainer, "_explicit_group", counted)
     ds = dataset()
     worker = ClientWorker(ds, spec(model))
     assert isinstance(worker.trainer, DenseSGDTrainer), worker.vectorized_note
@@ -121,12 +130,11 @@ def test_factored_trainer_equals_one_by_one(model, rnd, monkeypatch) -> None:
     want = list(worker.one_by_one.train(g0, rnd, CLIENTS, {}))
     assert [r.client for r in got] == list(CLIENTS)
     moved = 0.0
-    # factored clients carry their update; those over MAX_ROWS were trained one by one
-    assert {r.client for r in got if r.delta is None} == {4, 7}  # 26 and 22 rows
+    assert stepped == [2]  # clients 4 and 7 (26 and 22 rows): one group, every layer stepped
     for a, b in zip(got, want):
         assert a.steps == b.steps
-        delta = a.delta if a.delta is not None else a.local - g0
-        np.testing.assert_allclose(delta, b.local - g0, rtol=RTOL, atol=ATOL)
+        assert a.delta is not None
+        np.testing.assert_allclose(a.delta, b.local - g0, rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(a.local, b.local, rtol=RTOL, atol=ATOL)
         assert a.loss_sum == pytest.approx(b.loss_sum, rel=RTOL, abs=ATOL)
         moved = max(moved, float((b.local - g0).abs().max()))
