@@ -70,21 +70,42 @@ def descendants(pid: int) -> list[int]:
 
 
 def timed_command(
-    cmd: list[str], cwd: str | Path, env: dict[str, str] | None = None, timeout: float | None = None
+    cmd: list[str],
+    cwd: str | Path,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    every_s: float = 0.25,
 ) -> dict[str, Any]:
     """Run ``cmd`` to its end: wall seconds from spawn to exit, exit status, the load
-    average before and after, and the tail of its output."""
+    average before and after, the tail of its output, and ``cpu_s``: the CPU seconds
+    (user + system) of the command and every process below it, each process's last
+    reading from ``/proc`` sampled every ``every_s`` (a process that lives shorter
+    than that, or its last fraction of a sample, is missed). CPU seconds compare
+    commands on a loaded machine, where wall time also counts waiting for a core."""
+    import tempfile
+
     load0 = load_average()
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    wall = time.perf_counter() - t0
+    seen: dict[int, float] = {}
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=out, text=True)
+        while proc.poll() is None:
+            for pid in descendants(proc.pid):
+                got = _proc_cpu(pid)
+                if got is not None:
+                    seen[pid] = got[0]
+            if timeout is not None and time.perf_counter() - t0 > timeout:
+                proc.kill()
+            time.sleep(every_s)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read()
     return {
         "wall_s": wall,
+        "cpu_s": sum(seen.values()),
         "returncode": proc.returncode,
         "load": f"{load0} -> {load_average()}",
-        "output": (proc.stdout + proc.stderr)[-4000:],
+        "output": text[-4000:],
     }
 
 

@@ -161,7 +161,7 @@ def alone_loops(trials: int, rounds: int, extra: list[str]) -> dict[str, Any]:
     space = space_for(ALGORITHM, None, config0.recipe)
     key = zlib.crc32(f"{ALGORITHM}|{EPSILON:g}".encode())
     dataset = build_dataset(config0.dataset, rngs.numpy_rng(config0.seed, rngs.DATA))
-    loops = []
+    loops, cpus = [], []
     load0 = load_average()
     for k in range(trials):
         hps = sample(space, rngs.numpy_rng(base["seed"], TUNE_STREAM, key, k))
@@ -171,9 +171,16 @@ def alone_loops(trials: int, rounds: int, extra: list[str]) -> dict[str, Any]:
         )  # fmt: skip
         seed = trial_seed(int(base["seed"]), ALGORITHM, EPSILON, k)
         config = replace(config, seed=seed, **{"ray.executor": "local"})
+        cpu0 = time.process_time()
         res = simulate(config, write=False, dataset=dataset)
+        cpus.append(time.process_time() - cpu0)
         loops.append(float(res.rounds["wall_time_s_nonprivate"].iloc[-1]))
-    return {"loops": loops, "sum_s": sum(loops), "load": f"{load0} -> {load_average()}"}
+    return {
+        "loops": loops,
+        "sum_s": sum(loops),
+        "cpu_s": sum(cpus),
+        "load": f"{load0} -> {load_average()}",
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -212,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             res = separate_run(tmp, f"{rep}-{s}", a.rounds, a.set)
             separate.append(res)
             print(
-                f"[{rep + 1}] separate run {s + 1}: {res['wall_s']:.2f} s (round loop "
-                f"{res['round_loop_s']:.2f} s)  [load {res['load']}]",
+                f"[{rep + 1}] separate run {s + 1}: {res['wall_s']:.2f} s, {res['cpu_s']:.1f} "
+                f"CPU-s (round loop {res['round_loop_s']:.2f} s)  [load {res['load']}]",
                 flush=True,
             )
         for runner in a.runners:
@@ -223,21 +230,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{rep + 1}] --runner {runner}: failed ({res['error']})", flush=True)
                 continue
             print(
-                f"[{rep + 1}] --runner {runner}: {res['wall_s']:.2f} s, {res['trials_done']} "
-                f"trials, their round loops sum to {res['loops_s']:.2f} s  [load {res['load']}]",
+                f"[{rep + 1}] --runner {runner}: {res['wall_s']:.2f} s, {res['cpu_s']:.1f} CPU-s, "
+                f"{res['trials_done']} trials, their round loops sum to {res['loops_s']:.2f} s"
+                f"  [load {res['load']}]",
                 flush=True,
             )
     alone = alone_loops(a.trials, a.rounds, a.set) if a.alone else None
     if alone is not None:
         print(
             f"the trials alone, back to back in one process: round loops sum to "
-            f"{alone['sum_s']:.2f} s ({', '.join(f'{x:.2f}' for x in alone['loops'])})  "
-            f"[load {alone['load']}]"
+            f"{alone['sum_s']:.2f} s ({', '.join(f'{x:.2f}' for x in alone['loops'])}), "
+            f"{alone['cpu_s']:.1f} CPU-s in all  [load {alone['load']}]"
         )
     sep = statistics.median(r["wall_s"] for r in separate) * a.trials
+    sep_cpu = statistics.median(r["cpu_s"] for r in separate) * a.trials
     print(
-        f"\n{a.trials} separate runs: {sep:.2f} s (median of {len(separate)} x {a.trials}; "
-        f"a run's round loop {statistics.median(r['round_loop_s'] for r in separate):.2f} s)"
+        f"\n{a.trials} separate runs: {sep:.2f} s, {sep_cpu:.1f} CPU-s (median of "
+        f"{len(separate)} x {a.trials}; a run's round loop "
+        f"{statistics.median(r['round_loop_s'] for r in separate):.2f} s)"
     )
     ok = {r: [x for x in runs if "error" not in x] for r, runs in sweeps.items()}
     ref_name, ref_loops = "", math.nan
@@ -253,24 +263,46 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"the trials' round loops ({ref_name}): {ref_loops:.2f} s, / {cores} cores = {floor:.2f} s"
     )
-    summary: dict[str, Any] = {"separate_s": sep, "loops_s": ref_loops, "cores": cores}
+    summary: dict[str, Any] = {
+        "separate_s": sep,
+        "separate_cpu_s": sep_cpu,
+        "loops_s": ref_loops,
+        "cores": cores,
+    }
+    if alone is not None:
+        summary["alone_cpu_s"] = alone["cpu_s"]
+        print(
+            f"CPU-s: the trials alone {alone['cpu_s']:.1f} (the least a sweep can use), "
+            f"{a.trials} separate runs {sep_cpu:.1f}"
+        )
     best = None
-    print(f"{'runner':10s} {'wall':>8s} {'/ separate':>11s} {'/ loops/cores':>14s}  outside loops")
+    print(
+        f"{'runner':10s} {'wall':>8s} {'/ separate':>11s} {'/ loops/cores':>14s} "
+        f"{'CPU-s':>8s} {'/ separate':>11s}  outside loops"
+    )
     for runner, runs in ok.items():
         if not runs:
             print(f"{runner:10s} failed: {sweeps[runner][0].get('error')}")
             continue
         wall = statistics.median(x["wall_s"] for x in runs)
+        cpu = statistics.median(x["cpu_s"] for x in runs)
         own = statistics.median(x["loops_s"] for x in runs)
         at_once = 1 if runner == "driver" else min(cores, a.trials)
         if runner == "tune" and runs[-1].get("tune"):
             at_once = runs[-1]["tune"]["at_once"]
         outside = wall - own / at_once
         r_sep, r_loop = wall / sep, wall / floor
-        summary[runner] = {"wall_s": wall, "vs_separate": r_sep, "vs_loops": r_loop}
+        summary[runner] = {
+            "wall_s": wall,
+            "vs_separate": r_sep,
+            "vs_loops": r_loop,
+            "cpu_s": cpu,
+            "cpu_vs_separate": cpu / sep_cpu,
+        }
         print(
-            f"{runner:10s} {wall:7.2f}s {r_sep:10.3f}x {r_loop:13.3f}x  {outside:.2f} s "
-            f"(its own round loops {own:.2f} s, {at_once:.2f} trials at a time)"
+            f"{runner:10s} {wall:7.2f}s {r_sep:10.3f}x {r_loop:13.3f}x {cpu:8.1f} "
+            f"{cpu / sep_cpu:10.3f}x  {outside:.2f} s (its own round loops {own:.2f} s, "
+            f"{at_once:.2f} trials at a time)"
         )
         if runner == "tune" and runs[-1].get("tune"):
             t = runs[-1]["tune"]

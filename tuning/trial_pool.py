@@ -6,8 +6,9 @@ Each process runs trials one after another, each the same
 (``ray.executor=local``: a trial's client workers are objects in its process, whose
 models equal the Ray executor's bit for bit). So a sweep of small trials on one
 machine pays its fixed costs once per process, not once per trial: the processes are
-forked from a server that has imported torch and dpfl (``multiprocessing``'s
-``forkserver``), and each process keeps the experiment's data set
+forked from ``dpfl tune``'s own process, which has imported torch and dpfl, or from a
+fork server that has (:mod:`tuning.pool_server`), and each process keeps the
+experiment's data set
 (:func:`tuning.trial.experiment_dataset`), σ's calibration and the lazily imported
 modules from one trial to the next. Trials of all cells are queued at once; a cell's
 rows are compacted as soon as its last trial ends.
@@ -43,11 +44,8 @@ from tuning.driver import (
     trial_finished,
 )
 from tuning.plan import experiment_name
+from tuning.pool_server import pool_context
 from tuning.rounds import compact_cell, rounds_dir
-
-#: Modules the fork server imports once, before it forks any trial process: what a
-#: trial needs from its first round (about 2 s of one core for torch and dpfl).
-PRELOAD = ("torch", "engine.simulation", "engine.federated.vectorized", "tuning.trial")
 
 
 @dataclass(frozen=True)
@@ -124,14 +122,15 @@ def _warm() -> int:
     return os.getpid()
 
 
-def new_pool(processes: int) -> ProcessPoolExecutor:
-    """``processes`` trial processes forked from a server that imported :data:`PRELOAD`
-    (started now: they import while the caller does other work)."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    pool = ProcessPoolExecutor(max_workers=processes, mp_context=ctx)
+def new_pool(
+    processes: int, threads: int = 1, start_method: str | None = None
+) -> ProcessPoolExecutor:
+    """``processes`` trial processes of ``threads`` torch threads each, forked from this
+    process or from a fork server (:func:`tuning.pool_server.pool_context`), started
+    now."""
+    pool = ProcessPoolExecutor(
+        max_workers=processes, mp_context=pool_context(threads, start_method)
+    )
     for _ in range(processes):
         pool.submit(_warm)
     return pool
@@ -146,7 +145,12 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
 
 
 def run_cells_in_processes(
-    out: Path, cells: list[Cell], rounds: int, resume: bool, processes: int
+    out: Path,
+    cells: list[Cell],
+    rounds: int,
+    resume: bool,
+    processes: int,
+    start_method: str | None = None,
 ) -> dict[str, str]:
     """Every trial of ``cells`` in a pool of ``processes`` processes; the statuses by
     trial id (``TERMINATED``, or ``ERROR`` after one retry). Each cell's rows are
@@ -181,7 +185,8 @@ def run_cells_in_processes(
             cell_ended(c)
     attempts: dict[str, int] = {}
     while todo:
-        pool = new_pool(max(1, min(processes, len(todo))))
+        threads = max(1, int(cells[0].base["ray"]["num_cpus_per_worker"])) if cells else 1
+        pool = new_pool(max(1, min(processes, len(todo))), threads, start_method)
         running: dict[Future, TrialTask] = {pool.submit(run_trial, t): t for t in todo}
         todo = []
         try:

@@ -71,9 +71,12 @@ def test_process_runner_resumes_only_the_lost_trial(driver_and_processes, tmp_pa
         sweep(out, 3, resume=True, runner="driver")
 
 
-def test_a_failing_trial_is_retried_once_then_reported(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_failing_trial_is_retried_once_then_reported(tmp_path, capsys, start_method) -> None:
     """A trial whose config cannot be built fails in its process: run twice (Tune's
-    max_failures=1), then ERROR; the other cell's trial still runs."""
+    max_failures=1), then ERROR; the other cell's trial still runs and its rows are
+    the driver runner's. Both ways of starting the processes (forked from this process,
+    or from a fork server: tuning.pool_server)."""
     from engine.config import load_config
     from tuning.plan import SMOKE
     from tuning.spaces import space_for
@@ -84,8 +87,14 @@ def test_a_failing_trial_is_retried_once_then_reported(tmp_path, capsys) -> None
     space = space_for("dp_fedavg", None, config.recipe)
     bad = {**base, "dataset": {**base["dataset"], "num_clients": -5}}
     cells = [Cell("dp_fedavg", 4.0, 1, bad, {}, space), Cell("dp_fedavg", 8.0, 1, base, {}, space)]
-    statuses = run_cells_in_processes(tmp_path, cells, 2, False, 2)
+    statuses = run_cells_in_processes(tmp_path, cells, 2, False, 2, start_method)
     assert sorted(statuses.values()) == ["ERROR", "TERMINATED"]
+    from tuning.driver import run_cell_in_driver
+    from tuning.trial import trial_body
+
+    body = trial_body(base, "dp_fedavg", 8.0, str(tmp_path / "driver"), {}, space)
+    run_cell_in_driver(tmp_path / "driver", "dp_fedavg", 8.0, 1, 2, body, False)
+    pd.testing.assert_frame_equal(rows(tmp_path), rows(tmp_path / "driver"))
     err = capsys.readouterr().err
     assert "(attempt 1 of 2)" in err and "(attempt 2 of 2)" in err
     assert "dataset.num_clients" in err
@@ -101,6 +110,9 @@ def test_auto_runner_and_process_count() -> None:
     assert choose_runner("auto", "random", "fifo", "auto", local, True) == "tune"  # a GPU
     assert choose_runner("auto", "random", "fifo", "ray", local, False) == "tune"
     assert choose_runner("driver", "random", "fifo", "auto", local, False) == "driver"
+    from tuning.pool_server import fork_is_safe
+
+    assert not fork_is_safe(2)  # an OpenMP pool of two threads is not forked
     # one process per CPU a trial trains on, at most one per trial
     assert default_processes(1.0, 8, cpus=2) == 2
     assert default_processes(0.5, 8, cpus=2) == 2
