@@ -4,7 +4,7 @@ compared bit for bit.
 
 Usage::
 
-    python benchmarks/eval_overlap.py [--workload cnn] [--workers 1 2] [--rounds 8]
+    python -m benchmarks.eval_overlap [--workload cnn] [--workers 1 2] [--rounds 8]
         [--every 1] [--pairs 2] [--test-size N] [--quick]
 
 For each worker count, ``--pairs`` alternating pairs of ``simulate`` runs (Ray
@@ -32,24 +32,16 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import bench  # noqa: E402  (its workloads and data: the same as bench.py's)
-
-import engine.simulation.runner as sim  # noqa: E402
-from engine.config import load_config  # noqa: E402
-from engine.telemetry.phases import PhaseTimer  # noqa: E402
+import engine.simulation.runner as sim
+from benchmarks import dpfl_side, workloads
+from engine.config import load_config
+from engine.telemetry.phases import PhaseTimer
 
 
 def load() -> str:
@@ -58,7 +50,7 @@ def load() -> str:
 
 def one_run(w, ds, workers: int, every: int, overlap: bool, gpu: bool) -> dict[str, Any]:
     """One ``simulate`` run; its round loop, wall, evaluation phase, rows and weights."""
-    overrides = bench.dpfl_overrides(w, workers, None, gpu)
+    overrides = dpfl_side.dpfl_overrides(w, workers, None, gpu)
     overrides = [o for o in overrides if not o.startswith("eval.every=")]
     overrides += [f"eval.every={every}", f"ray.overlap_evaluation={str(overlap).lower()}"]
     timer = PhaseTimer()
@@ -98,7 +90,7 @@ def one_run(w, ds, workers: int, every: int, overlap: bool, gpu: bool) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="cnn", choices=sorted(bench.WORKLOADS))
+    ap.add_argument("--workload", default="cnn", choices=sorted(workloads.WORKLOADS))
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--every", type=int, default=1, help="eval.every")
@@ -112,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     cuda = torch.cuda.is_available()
-    w, gpu = bench.workload_for(args.workload, cuda, args.quick, args.rounds)
+    w, gpu = workloads.workload_for(args.workload, cuda, args.quick, args.rounds)
     if args.test_size is not None:
         w = dataclasses.replace(w, test_size=args.test_size)
-    ds = bench.make_dataset(w)
+    ds = workloads.make_dataset(w)
     print(
         f"== evaluation beside the next round; workload {w.name} ({len(ds.y_test)} test "
         f"examples), {w.rounds} rounds, eval.every={args.every}; torch {torch.__version__}, "

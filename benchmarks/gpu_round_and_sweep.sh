@@ -41,12 +41,12 @@ for k in (1, 2, 4, 8):
     print(f"  block streams, {k} thread(s): {best(lambda: s.standard_normal(d, threads=k)):.3f} s")
 print("NOISE_THREADS here:", rng.NOISE_THREADS)
 PY
-step phases 150 python benchmarks/round_phases.py --workload cifar10_pfl resnet18_gn \
+step phases 150 python -m benchmarks.round_phases --workload cifar10_pfl resnet18_gn \
   --rounds 6 --workers 1 --writes background sync
-step eval_overlap 90 python benchmarks/eval_overlap.py --workload cifar10_pfl --workers 1 \
+step eval_overlap 90 python -m benchmarks.eval_overlap --workload cifar10_pfl --workers 1 \
   --rounds 12 --every 1 --pairs 2
-step sweep 130 python benchmarks/sweep_gpu.py --trials 1 2 4 8 --rounds 60
+step sweep 130 python -m benchmarks.sweep_gpu --trials 1 2 4 8 --rounds 60
 step gputests 60 python -m pytest -q -m gpu -rA -p no:cacheprovider tests
-step ceiling 35 python benchmarks/server_ceiling.py --rounds 3
-step scaling 50 python benchmarks/gpu_scaling.py --workloads cifar10_pfl --workers-per-gpu 1 \
+step ceiling 35 python -m benchmarks.server_ceiling --rounds 3
+step scaling 50 python -m benchmarks.gpu_scaling --workloads cifar10_pfl --workers-per-gpu 1 \
   --groups auto --rounds 30

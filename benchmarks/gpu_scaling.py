@@ -17,9 +17,9 @@ Ray instance and prints:
 Measured, never asserted. ``--device cpu`` runs the same sweep without GPU shares
 (workers on the CPU): the CI smoke test uses it with ``--quick``.
 
-    python benchmarks/gpu_scaling.py                       # cnn and resnet18_gn, k = 1 2 4 8
-    python benchmarks/gpu_scaling.py --workloads cnn --groups 1,auto,16 --rounds 8
-    python benchmarks/gpu_scaling.py --quick --device cpu  # smoke run (tests)
+    python -m benchmarks.gpu_scaling                       # cnn and resnet18_gn, k = 1 2 4 8
+    python -m benchmarks.gpu_scaling --workloads cnn --groups 1,auto,16 --rounds 8
+    python -m benchmarks.gpu_scaling --quick --device cpu  # smoke run (tests)
 """
 
 from __future__ import annotations
@@ -33,11 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import bench  # noqa: E402
-
-from engine.simulation import simulate  # noqa: E402
+from benchmarks import dpfl_side, measure, workloads
+from engine.config import load_config
+from engine.simulation import simulate
 
 
 class WorkerProbe:
@@ -83,7 +81,7 @@ def steady_rate(rows) -> tuple[float, float, int]:
 
 def run_one(w, ds, k: int, gpus: int, group: str, device: str, cpus: float) -> dict[str, Any]:
     workers = k * max(1, gpus)
-    overrides = bench.dpfl_overrides(w, workers, None, False)
+    overrides = dpfl_side.dpfl_overrides(w, workers, None, False)
     overrides += [f"ray.num_cpus_per_worker={cpus}", f"eval.every={w.rounds}"]
     if group != "auto":
         overrides.append(f"ray.clients_per_worker_batch={int(group)}")
@@ -95,7 +93,7 @@ def run_one(w, ds, k: int, gpus: int, group: str, device: str, cpus: float) -> d
     name = f"gpuscale-{w.name}-{k}-{group}"
     t0 = time.perf_counter()
     res = simulate(
-        bench.load_config(overrides=overrides),
+        load_config(overrides=overrides),
         dataset=ds,
         write=False,
         progress=False,
@@ -133,8 +131,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.workloads = [s for s in a.workloads.split(",") if s]
     for name in a.workloads:
-        if name not in bench.WORKLOADS:
-            p.error(f"--workloads: unknown {name!r}; known: {', '.join(sorted(bench.WORKLOADS))}")
+        if name not in workloads.WORKLOADS:
+            known = ", ".join(sorted(workloads.WORKLOADS))
+            p.error(f"--workloads: unknown {name!r}; known: {known}")
     try:
         a.workers_per_gpu = [int(s) for s in a.workers_per_gpu.split(",") if s]
     except ValueError:
@@ -167,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    hw = bench.hardware()
+    hw = measure.hardware()
     cores = os.cpu_count() or 1
     most = max(a.workers_per_gpu) * max(1, gpus)
     cpus = a.cpus_per_worker or max(0.25, min(2.0, cores / most))
@@ -185,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     try:
         for name in a.workloads:
-            w = bench.WORKLOADS[name]
+            w = workloads.WORKLOADS[name]
             if a.device == "cpu" and w.gpu:
-                w = dataclasses.replace(w, **bench.RESNET_CPU)
+                w = dataclasses.replace(w, **workloads.RESNET_CPU)
             if a.quick:
-                w = bench.quick_variant(w)
+                w = workloads.quick_variant(w)
             w = dataclasses.replace(w, rounds=a.rounds)
-            ds = bench.make_dataset(w)
+            ds = workloads.make_dataset(w)
             print(
                 f"workload {w.name}: model={w.model} N={w.num_clients} q={w.rate} "
                 f"rounds={w.rounds} batch={w.batch_size} epochs={w.epochs}"

@@ -15,9 +15,9 @@ cohort of ``--cohort`` clients of a benchmark workload (``cnn``: MNIST-shaped;
 
 Measured, never asserted. ``--device cpu --quick`` is the CI smoke run.
 
-    python benchmarks/gpu_vectorized.py                         # cnn, G = 1 8 16 32 64
-    python benchmarks/gpu_vectorized.py --models cnn,resnet18_gn --groups 1,16,50
-    python benchmarks/gpu_vectorized.py --device cpu --quick     # smoke run (tests)
+    python -m benchmarks.gpu_vectorized                         # cnn, G = 1 8 16 32 64
+    python -m benchmarks.gpu_vectorized --models cnn,resnet18_gn --groups 1,16,50
+    python -m benchmarks.gpu_vectorized --device cpu --quick     # smoke run (tests)
 """
 
 from __future__ import annotations
@@ -33,19 +33,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+import torch
 
-import bench  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from algorithms import build_pipeline  # noqa: E402
-from engine.config import AlgoConfig  # noqa: E402
-from engine.federated.client import ClientWorker, LocalSpec  # noqa: E402
+from algorithms import build_pipeline
+from benchmarks import measure, workloads
+from engine.config import AlgoConfig
+from engine.federated.client import ClientWorker, LocalSpec
 
 
 def make_worker(
-    w: bench.Workload, ds, group: int, device: str, steps: int | None = None
+    w: workloads.Workload, ds, group: int, device: str, steps: int | None = None
 ) -> ClientWorker:
     spec = LocalSpec(
         seed=w.seed,
@@ -151,8 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.models = [s for s in a.models.split(",") if s]
     for m in a.models:
-        if m not in bench.WORKLOADS:
-            p.error(f"--models: unknown {m!r}; known: {', '.join(sorted(bench.WORKLOADS))}")
+        if m not in workloads.WORKLOADS:
+            p.error(f"--models: unknown {m!r}; known: {', '.join(sorted(workloads.WORKLOADS))}")
     try:
         a.groups = [int(s) for s in a.groups.split(",") if s]
     except ValueError:
@@ -171,18 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("gpu_vectorized: --device cuda but torch sees no CUDA GPU", file=sys.stderr)
         return 2
-    hw = bench.hardware()
+    hw = measure.hardware()
     print(f"== dpfl vectorised groups vs one by one ({a.device}) ==")
     print(f"hardware: CPU {hw['cpu']}, GPU {hw['gpu'] or 'none'}; torch {hw['torch']}")
     results: list[dict[str, Any]] = []
     for name in a.models:
-        w = bench.WORKLOADS[name]
+        w = workloads.WORKLOADS[name]
         if a.device == "cpu" and w.gpu:
-            w = dataclasses.replace(w, **bench.RESNET_CPU)
+            w = dataclasses.replace(w, **workloads.RESNET_CPU)
         if a.quick:
-            w = bench.quick_variant(w)
+            w = workloads.quick_variant(w)
         w = dataclasses.replace(w, num_clients=max(w.num_clients, a.cohort))
-        ds = bench.make_dataset(w)
+        ds = workloads.make_dataset(w)
         cohort = np.arange(min(a.cohort, w.num_clients), dtype=np.int64)
         print(
             f"workload {w.name}: model={w.model} input={w.input_shape} cohort={len(cohort)} "

@@ -11,8 +11,8 @@ the first sample and the last. Measured, not asserted: glibc's heap and Ray's st
 make these numbers move by tens of MiB between samples; a leak of one model-sized
 buffer per round would add rounds x 4-8 bytes x d.
 
-    python benchmarks/memory_growth.py                 # cnn, 40 rounds
-    python benchmarks/memory_growth.py --workload logreg --rounds 80
+    python -m benchmarks.memory_growth                 # cnn, 40 rounds
+    python -m benchmarks.memory_growth --workload logreg --rounds 80
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import bench  # noqa: E402
+from benchmarks import dpfl_side, measure, workloads
+from engine.config import load_config
+from engine.simulation import simulate
 
 # Private (anonymous) resident memory, all resident memory (which also counts the
 # pages of Ray's shared-memory object store this process has touched), and its peak.
@@ -46,16 +46,16 @@ class RoundSampler:
             return
         if not self.pids:
             self.pids = {"driver": os.getpid()}
-            self.pids.update(bench.actor_pids(self.run_name, executor)[0])
+            self.pids.update(measure.actor_pids(self.run_name, executor)[0])
         self.samples[rnd] = {
-            name: tuple(bench.mb(bench.read_status_kb(pid, f)) for f in FIELDS)
+            name: tuple(measure.mb(measure.read_status_kb(pid, f)) for f in FIELDS)
             for name, pid in sorted(self.pids.items())
         }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=sorted(bench.WORKLOADS), default="cnn")
+    p.add_argument("--workload", choices=sorted(workloads.WORKLOADS), default="cnn")
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args(argv)
@@ -64,22 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    w = bench.WORKLOADS[a.workload]
+    w = workloads.WORKLOADS[a.workload]
     if w.gpu:
-        w = dataclasses.replace(w, **bench.RESNET_CPU)
+        w = dataclasses.replace(w, **workloads.RESNET_CPU)
     w = dataclasses.replace(w, rounds=a.rounds)
-    ds = bench.make_dataset(w)
+    ds = workloads.make_dataset(w)
     q = max(1, a.rounds // 4)
     marks = [q, 2 * q, 3 * q, 4 * q]
     sampler = RoundSampler("memgrowth", marks)
     ray.init(num_cpus=max(2, a.workers), include_dashboard=False, log_to_driver=False)
     try:
-        overrides = bench.dpfl_overrides(w, a.workers, None, False)
+        overrides = dpfl_side.dpfl_overrides(w, a.workers, None, False)
         # Evaluate at every sampled round, so each sample's peak includes evaluation's.
         overrides.append(f"eval.every={marks[0]}")
-        cfg = bench.load_config(overrides=overrides)
-        bench.reset_peak_rss()
-        bench.simulate(cfg, dataset=ds, write=False, progress=False, on_round=sampler,
+        cfg = load_config(overrides=overrides)
+        measure.reset_peak_rss()
+        simulate(cfg, dataset=ds, write=False, progress=False, on_round=sampler,
                        run_name="memgrowth")  # fmt: skip
     finally:
         ray.shutdown()
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'process':26s}{head}  growth (anon, peak)")
     for name in names:
         rows = [sampler.samples.get(r, {}).get(name, (None,) * len(FIELDS)) for r in marks]
-        cells = "".join(f"{' / '.join(bench.fmt(v, '.0f') for v in row):>18s}" for row in rows)
+        cells = "".join(f"{' / '.join(measure.fmt(v, '.0f') for v in row):>18s}" for row in rows)
         grow = []
         for i in (0, 2):
             first, last = rows[0][i], rows[-1][i]

@@ -1,8 +1,8 @@
 """Population scale (issue 16): set-up time and peak memory of a materialised synthetic
 population against the data's own size.
 
-    python benchmarks/population.py                      # N = 10^6 (the target), 10^5
-    python benchmarks/population.py --clients 20000 --quick   # CI smoke run
+    python -m benchmarks.population                      # N = 10^6 (the target), 10^5
+    python -m benchmarks.population --clients 20000 --quick   # CI smoke run
 
 Each N is built in a fresh subprocess (``build_dataset`` of ``dataset.name=synthetic``,
 ``synthetic_mean_samples=8``, IID partition, public clients ⌈N/10⌉ as in a run), which
@@ -33,7 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, resource, sys, time
 import numpy as np
-sys.path.insert(0, {repo!r})
 from engine.config import DatasetConfig
 from engine.data import build_dataset
 
@@ -59,7 +58,6 @@ print(json.dumps({{
 ON_DEMAND = r"""
 import json, resource, sys, time
 import numpy as np
-sys.path.insert(0, {repo!r})
 from engine.config import DatasetConfig
 from engine.data import build_dataset
 from engine.privacy.accounting import SamplingSpec

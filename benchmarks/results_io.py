@@ -1,7 +1,7 @@
 """Reading a sweep's results: one file per (trial, round) against one file per trial.
 
-    python benchmarks/results_io.py                      # 1,000 trials x 300 rounds
-    python benchmarks/results_io.py --trials 100 --rounds 50 --json io.json
+    python -m benchmarks.results_io                      # 1,000 trials x 300 rounds
+    python -m benchmarks.results_io --trials 100 --rounds 50 --json io.json
 
 While a Tune trial runs, each round is its own Parquet file (``tuning.rounds.write_round``,
 readable at once); when it ends, ``tuning.rounds.compact_trial`` folds them into one file.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,11 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tuning.report import load_rounds  # noqa: E402
-from tuning.rounds import compact_trial, rounds_dir, write_round  # noqa: E402
+from tuning.report import load_rounds
+from tuning.rounds import compact_trial, rounds_dir, write_round
 
 TARGET_S = 5.0
 #: a tuned run's row: the engine's per-round columns, event columns, hyperparameters

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/round_phases.py [--workload cnn resnet18_gn] [--executor ray local]
+    python -m benchmarks.round_phases [--workload cnn resnet18_gn] [--executor ray local]
         [--rounds 4] [--workers 2] [--writes background sync] [--quick]
 
 Runs ``simulate`` (``write=True`` into a temporary folder, so checkpoints and Parquet
@@ -69,29 +69,21 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import bench  # noqa: E402  (its workloads and data: the same as bench.py's)
-
-import engine.simulation.callbacks as sim_callbacks  # noqa: E402
-import engine.simulation.runner as sim  # noqa: E402
-from engine.config import load_config  # noqa: E402
-from engine.results import RoundWriter  # noqa: E402
-from engine.telemetry.phases import PhaseTimer  # noqa: E402
+import engine.simulation.callbacks as sim_callbacks
+import engine.simulation.runner as sim
+from benchmarks import dpfl_side, workloads
+from engine.config import load_config
+from engine.results import RoundWriter
+from engine.telemetry.phases import PhaseTimer
 
 DRIVER_PHASES = [
     "begin_round",
@@ -214,8 +206,13 @@ class Recorder:
         self.t_last = time.perf_counter()
 
 
-def run(w, ds, executor: str, workers: int, gpu: bool, writes: str) -> tuple[Recorder, float]:
-    overrides = bench.dpfl_overrides(w, workers, None, gpu)
+def run(
+    w, ds, executor: str, workers: int, gpu: bool, writes: str, overrides: list[str] | None = None
+) -> tuple[Recorder, float, Any]:
+    """One timed ``simulate`` of workload ``w`` (or of ``overrides``, then ``w`` is
+    unused and ``ds`` may be None: the run builds its data); the recorder, the wall
+    time and the result."""
+    overrides = list(overrides or dpfl_side.dpfl_overrides(w, workers, None, gpu))
     overrides = [o for o in overrides if not o.startswith("ray.executor=")]
     overrides.append(f"ray.executor={executor}")
     if gpu and executor == "local":  # in process on the GPU too: the same device
@@ -256,7 +253,7 @@ def run(w, ds, executor: str, workers: int, gpu: bool, writes: str) -> tuple[Rec
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(overrides=[*overrides, f"out={tmp}/run"])
             t0 = time.perf_counter()
-            sim.simulate(cfg, dataset=ds, write=True, on_round=on_round, run_name="phases")
+            result = sim.simulate(cfg, dataset=ds, write=True, on_round=on_round, run_name="phases")
             wall = time.perf_counter() - t0
     finally:
         sim.make_executor = original_make
@@ -268,7 +265,7 @@ def run(w, ds, executor: str, workers: int, gpu: bool, writes: str) -> tuple[Rec
     want = {WRITER_THREAD} if writes == "background" else {threading.current_thread().name}
     if rec.write_threads != want:  # the mode is not the path that ran
         raise RuntimeError(f"--writes {writes}: written by {rec.write_threads}, not {want}")
-    return rec, wall
+    return rec, wall, result
 
 
 def report(name: str, rec: Recorder, wall: float) -> None:
@@ -401,11 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False)
     try:
         for name in args.workload:
-            w, gpu = bench.workload_for(name, cuda, args.quick, args.rounds)
-            ds = bench.make_dataset(w)
+            w, gpu = workloads.workload_for(name, cuda, args.quick, args.rounds)
+            ds = workloads.make_dataset(w)
             for ex in args.executor:
                 for writes in args.writes:
-                    rec, wall = run(w, ds, ex, args.workers, gpu, writes)
+                    rec, wall, _ = run(w, ds, ex, args.workers, gpu, writes)
                     report(f"{name} / {ex}", rec, wall)
     finally:
         ray.shutdown()

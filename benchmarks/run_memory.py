@@ -1,9 +1,9 @@
 """Peak memory of a whole ``dpfl run``, per process (driver, client workers, Ray's
 raylet with its object store, GCS and the rest), against the size of the examples.
 
-    python benchmarks/run_memory.py                  # issue 30: 10^6 clients, logreg
-    python benchmarks/run_memory.py --quick          # 20,000 clients (CI smoke run)
-    python benchmarks/run_memory.py -- --set ray.num_workers=1   # extra dpfl run args
+    python -m benchmarks.run_memory                  # issue 30: 10^6 clients, logreg
+    python -m benchmarks.run_memory --quick          # 20,000 clients (CI smoke run)
+    python -m benchmarks.run_memory -- --set ray.num_workers=1   # extra dpfl run args
 
 The run is issue 30's held-out check (``dpfl run -q --set dataset.num_clients=1000000
 --set dataset.synthetic_mean_samples=8 --set model.name=logreg --set
@@ -39,6 +39,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.measure import descendants
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -100,28 +102,6 @@ def shared_segments(pid: int) -> dict[tuple[int, int], int]:
     return out
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (``/proc/<pid>/task/*/children``)."""
-    kids: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                kids += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return kids
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    seen, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo += children(p)
-    return seen
-
-
 def name_of(pid: int, driver: int) -> str:
     """A short role name: driver, a Ray process (gcs_server, raylet, ...) or a worker."""
     if pid == driver:
@@ -180,7 +160,6 @@ def measure(cmd: list[str], interval: float) -> tuple[dict[int, dict], float, in
 
 def data_bytes(run_args: list[str]) -> int:
     """nbytes of the example arrays the run's config builds (built here, after the run)."""
-    sys.path.insert(0, str(REPO))
     from engine.config import load_config
     from engine.data import build_dataset
     from engine.privacy import rng as rngs

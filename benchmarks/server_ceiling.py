@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/server_ceiling.py [--dims 2000000 11000000] [--workers 1 8 64]
+    python -m benchmarks.server_ceiling [--dims 2000000 11000000] [--workers 1 8 64]
         [--rounds 3]
 
 For each model size d and number k of client workers, a real :class:`engine.federated.server.Server`
@@ -25,22 +25,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from engine.config import load_config  # noqa: E402
-from engine.data.federated import FederatedDataset  # noqa: E402
-from engine.federated.client import PartialSum  # noqa: E402
-from engine.federated.server import Server  # noqa: E402
-from engine.simulation import make_executor, prepare  # noqa: E402
+from engine.config import load_config
+from engine.data.federated import FederatedDataset
+from engine.federated.client import PartialSum
+from engine.federated.server import Server
+from engine.simulation import make_executor, prepare
 
 
 def load() -> str:

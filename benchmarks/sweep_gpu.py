@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/sweep_gpu.py [--trials 1 2 4 8] [--rounds 60] [--quick]
+    python -m benchmarks.sweep_gpu [--trials 1 2 4 8] [--rounds 60] [--quick]
 
 Each trial is what ``dpfl tune`` runs for a one-worker ``cnn`` trial (``ray.executor=local``
 in its own Ray process, ``tune.trial_executor=auto``): ``simulate`` on
@@ -46,23 +46,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-for p in (REPO_ROOT, REPO_ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import bench  # noqa: E402
-
-from engine.config import load_config  # noqa: E402
-from tuning.plan import pack_trials_per_gpu  # noqa: E402
+from benchmarks import dpfl_side, workloads
+from engine.config import load_config
+from tuning.plan import pack_trials_per_gpu
 
 MIN_WINDOW_ROUNDS = 3  # the steady window must last this many rounds of the slowest trial
 
@@ -167,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     cuda = torch.cuda.is_available()
-    w = bench.WORKLOADS["cifar10_pfl"]
+    w = workloads.WORKLOADS["cifar10_pfl"]
     if args.quick:
-        w = bench.quick_variant(w)
+        w = workloads.quick_variant(w)
     w = dataclasses.replace(w, rounds=args.rounds)
-    ds = bench.make_dataset(w)
+    ds = workloads.make_dataset(w)
     gpu = torch.cuda.get_device_name(0) if cuda else "none (CPU run: checks the script only)"
     print(f"== sweep throughput, workload {w.name}, GPU {gpu}; load average {load()}")
     ray.init(include_dashboard=False, log_to_driver=False)
@@ -180,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         base: float | None = None  # the valid steady rate of one trial
         for n in args.trials:
             overrides = [
-                o for o in bench.dpfl_overrides(w, 1, None, False) if not o.startswith("ray.")
+                o for o in dpfl_side.dpfl_overrides(w, 1, None, False) if not o.startswith("ray.")
             ]
             overrides += ["ray.executor=local", "ray.num_workers=1", "ray.num_cpus_per_worker=1"]
             cfg = load_config(overrides=overrides)

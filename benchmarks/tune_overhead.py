@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/tune_overhead.py [--trials 32] [--quick] [--json FILE]
+    python -m benchmarks.tune_overhead [--trials 32] [--quick] [--json FILE]
 
 Target: a sweep of 32 small trials costs ≤ 1.2 × the sum of the same trials run back
 to back in one process with the in-process executor (``ray.executor=local``).
@@ -59,13 +59,7 @@ from typing import Any
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BENCH_DIR = Path(__file__).resolve().parent
-for _p in (REPO_ROOT, BENCH_DIR):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench import load_average, start_local_ray  # noqa: E402
+from benchmarks.measure import load_average, start_local_ray
 
 TARGET_RATIO = 1.2
 ALGORITHM = "dp_fedavg"

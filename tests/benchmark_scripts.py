@@ -1,22 +1,22 @@
-"""Load a script of ``benchmarks/`` as a module in tests (they are scripts, not a package)."""
+"""Import a module of the ``benchmarks`` package in tests (``benchmarks/<filename>``),
+and the command that runs one as a script (``python -m benchmarks.<name>``)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+REPO = Path(__file__).resolve().parent.parent
 
 
-def load_benchmark(filename: str, module_name: str) -> ModuleType:
-    """``benchmarks/<filename>`` imported as ``module_name``, with ``benchmarks/`` on the
-    path for its own imports (``import bench``)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / filename)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def load_benchmark(filename: str, module_name: str | None = None) -> ModuleType:
+    """``benchmarks/<filename>`` as the module ``benchmarks.<stem>`` (``module_name`` is
+    ignored: the package's modules import each other by their package names)."""
+    return importlib.import_module(f"benchmarks.{Path(filename).stem}")
+
+
+def benchmark_command(filename: str, *args: str) -> list[str]:
+    """The command running ``benchmarks/<filename>`` from the repository root."""
+    return [sys.executable, "-m", f"benchmarks.{Path(filename).stem}", *args]

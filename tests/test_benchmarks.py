@@ -1,5 +1,5 @@
-"""benchmarks/bench.py: its plain loop is independent yet draws the engine's streams, and
-a ``--quick`` run measures both sides and reports consistent numbers."""
+"""benchmarks.bench: its plain reference loop is independent yet draws the engine's
+streams, and a ``--quick`` run measures both sides and reports consistent numbers."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
+from benchmarks import measure, reference_loop, streams, w1, workloads
 from engine.federated.local_training import client_batches
 from engine.federated.server import sample_cohort
 from engine.privacy import rng as rngs
 from engine.privacy.accounting import SamplingSpec
-from tests.benchmark_scripts import load_benchmark
+from tests.benchmark_scripts import benchmark_command, load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "benchmarks" / "bench.py"
+#: the plain loop's modules: what they may import from dpfl is checked below
+PLAIN_LOOP = ["reference_loop.py", "streams.py", "workloads.py", "measure.py"]
 
 # Engine modules the benchmark may import: data containers/generators, the model zoo
 # (architecture and initialisation only), and config + simulate to run the dpfl side.
@@ -51,24 +53,22 @@ QUICK_ACCURACY_TOLERANCE = 0.01
 QUICK_WEIGHTS_TOLERANCE = 1e-2
 
 
-def _load_bench() -> ModuleType:
-    return load_benchmark("bench.py", "dpfl_bench")
-
-
 def test_plain_loop_imports_no_engine_training_code() -> None:
-    tree = ast.parse(BENCH.read_text())
     imported: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module)
+    for name in PLAIN_LOOP:
+        tree = ast.parse((REPO / "benchmarks" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
     ours = {m for m in imported if m.split(".")[0] in ("engine", "algorithms", "tuning")}
     assert ours <= ALLOWED_ENGINE_IMPORTS, ours - ALLOWED_ENGINE_IMPORTS
+    assert "benchmarks.dpfl_side" not in imported  # the dpfl side stays out of the loop
 
 
 def test_reimplemented_streams_match_the_engine() -> None:
-    bench = _load_bench()
+    bench = streams
     for key in [(1, 0), (2, 7), (3, 4, 11), (4,), (5,)]:
         assert bench.derive_seed(3, *key) == rngs.derive_seed(3, *key)
     spec = SamplingSpec(mode="poisson", num_clients=300, rate=0.1)
@@ -94,15 +94,9 @@ def test_quick_benchmark_runs_both_sides(tmp_path: Path) -> None:
     proc = subprocess.run(
         # The plain loop's layout, so that the two sides differ only by the clip's
         # rounding (model.memory_format=auto would add the kernels' rounding).
-        [
-            sys.executable,
-            str(BENCH),
-            "--quick",
-            "--memory-format",
-            "contiguous",
-            "--json",
-            str(out),
-        ],
+        benchmark_command(
+            "bench.py", "--quick", "--memory-format", "contiguous", "--json", str(out)
+        ),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -157,11 +151,8 @@ def test_quick_benchmark_runs_both_sides(tmp_path: Path) -> None:
     assert rep["hardware"]["torch"] and rep["hardware"]["ray"] and rep["hardware"]["cores"] >= 1
 
 
-SCALING = REPO / "benchmarks" / "gpu_scaling.py"
-
-
 def _load_scaling() -> ModuleType:
-    return load_benchmark("gpu_scaling.py", "dpfl_gpu_scaling")
+    return load_benchmark("gpu_scaling.py")
 
 
 def test_gpu_scaling_counts_steady_clients_per_second_after_round_one() -> None:
@@ -185,7 +176,7 @@ def test_gpu_scaling_sweep_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    cmd = [sys.executable, str(SCALING), "--quick", "--device", "cpu", "--workloads", "cnn"]
+    cmd = benchmark_command("gpu_scaling.py", "--quick", "--device", "cpu", "--workloads", "cnn")
     cmd += ["--groups", "1", "--rounds", "2", "--cpus-per-worker", "0.5", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -199,16 +190,13 @@ def test_gpu_scaling_sweep_runs_on_the_cpu(tmp_path: Path) -> None:
     assert f"{results[0]['epsilon']:.4f}" in proc.stdout
 
 
-VECTORIZED = REPO / "benchmarks" / "gpu_vectorized.py"
-
-
 @pytest.mark.slow
 def test_gpu_vectorized_groups_reproduce_one_by_one_on_the_cpu(tmp_path: Path) -> None:
     """The vectorised-vs-one-by-one benchmark's smoke run (CPU): every group size
     takes the same number of local steps as one-by-one training and its summed
     clipped update agrees to float32 rounding (the GPU run prints the same columns)."""
     out = tmp_path / "vec.json"
-    cmd = [sys.executable, str(VECTORIZED), "--device", "cpu", "--quick", "--groups", "1,4,8"]
+    cmd = benchmark_command("gpu_vectorized.py", "--device", "cpu", "--quick", "--groups", "1,4,8")
     cmd += ["--cohort", "8", "--repeats", "1", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -223,7 +211,7 @@ def test_gpu_vectorized_groups_reproduce_one_by_one_on_the_cpu(tmp_path: Path) -
 
 
 # --------------------------------------------------------------------------- tight floor
-def _reference_dp_fedavg(bench: ModuleType, w, ds) -> np.ndarray:
+def _reference_dp_fedavg(w, ds) -> np.ndarray:
     """An independent, deliberately plain DP-FedAvg loop (a fresh model per client,
     torch.optim.SGD, clip by Δ·min(1, C/‖Δ‖) in float64, noise in logical order): the
     oracle the tight floor must reproduce to float rounding."""
@@ -233,14 +221,16 @@ def _reference_dp_fedavg(bench: ModuleType, w, ds) -> np.ndarray:
     torch.set_num_threads(1)
 
     def fresh() -> nn.Module:
-        gen = bench.torch_stream(w.seed, bench.MODEL_INIT)
-        return bench.build_model(w.model, ds.input_shape, ds.num_classes, gen)
+        from engine.models import build_model
+
+        gen = streams.torch_stream(w.seed, streams.MODEL_INIT)
+        return build_model(w.model, ds.input_shape, ds.num_classes, gen)
 
     model = fresh()
     global_w = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
     for rnd in range(w.rounds):
         total = torch.zeros_like(global_w)
-        for c in bench.poisson_cohort(w.num_clients, w.rate, w.seed, rnd):
+        for c in streams.poisson_cohort(w.num_clients, w.rate, w.seed, rnd):
             local = fresh()
             offset = 0
             with torch.no_grad():
@@ -248,7 +238,7 @@ def _reference_dp_fedavg(bench: ModuleType, w, ds) -> np.ndarray:
                     p.copy_(global_w[offset : offset + p.numel()].view_as(p).float())
                     offset += p.numel()
             opt = torch.optim.SGD(local.parameters(), lr=w.lr)
-            batches = bench.minibatches(
+            batches = streams.minibatches(
                 ds.client_train[c], w.batch_size, w.epochs, w.seed, rnd, int(c)
             )
             for b in batches:
@@ -260,7 +250,7 @@ def _reference_dp_fedavg(bench: ModuleType, w, ds) -> np.ndarray:
             delta = new - global_w.float().double()
             norm = float(delta.norm())
             total += delta * min(1.0, w.clip_norm / norm)
-        noise = torch.from_numpy(bench.block_normals(w.seed, (bench.NOISE, rnd), len(global_w)))
+        noise = torch.from_numpy(streams.block_normals(w.seed, (streams.NOISE, rnd), len(global_w)))
         total += noise * (w.noise_multiplier * w.clip_norm)
         global_w = (global_w.float() + (total / (w.rate * w.num_clients)).float()).double()
     return global_w.float().numpy()
@@ -275,9 +265,8 @@ def test_tight_floor_reproduces_a_plain_reference_loop(layout: str) -> None:
 
     import torch
 
-    bench = _load_bench()
     w = dataclasses.replace(
-        bench.quick_variant(bench.WORKLOADS["cnn"]),
+        workloads.quick_variant(workloads.WORKLOADS["cnn"]),
         num_clients=40,
         mean_samples=12,
         rate=0.2,
@@ -285,9 +274,9 @@ def test_tight_floor_reproduces_a_plain_reference_loop(layout: str) -> None:
         input_shape=(1, 8, 8),
         test_size=50,
     )
-    ds = bench.make_dataset(w)
-    got = bench.run_plain(w, ds, torch.device("cpu"), layout, record_rounds=1)
-    want = _reference_dp_fedavg(bench, w, ds)
+    ds = workloads.make_dataset(w)
+    got = reference_loop.run_plain(w, ds, torch.device("cpu"), layout, record_rounds=1)
+    want = _reference_dp_fedavg(w, ds)
     assert got["layout"] == layout
     rel = np.linalg.norm(got["_weights"] - want) / np.linalg.norm(want)
     assert rel < 1e-5, rel
@@ -295,7 +284,7 @@ def test_tight_floor_reproduces_a_plain_reference_loop(layout: str) -> None:
     assert len(got["_batches"]) == got["round_steps"][0]  # round 1's, for the minimal loop
     assert 0 < got["train_s"] < got["wall_s"]
     assert got["outside_training_s"] == pytest.approx(got["wall_s"] - got["train_s"])
-    wall, cpu = bench.minimal_loop(w, ds, got["_batches"], torch.device("cpu"), layout)
+    wall, cpu = reference_loop.minimal_loop(w, ds, got["_batches"], torch.device("cpu"), layout)
     assert wall > 0 and cpu > 0 and 0 < got["train_cpu_s"]
 
 
@@ -306,12 +295,13 @@ def test_flat_model_views_keep_each_parameter_layout() -> None:
     the flat vector."""
     import torch
 
-    bench = _load_bench()
-    model = bench.build_model("cnn", (1, 12, 12), 10, torch.Generator().manual_seed(0))
+    from engine.models import build_model
+
+    model = build_model("cnn", (1, 12, 12), 10, torch.Generator().manual_seed(0))
     model = model.to(memory_format=torch.channels_last)
     before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     conv = next(p for p in model.parameters() if p.dim() == 4)
-    fm = bench.FlatModel(model, torch.device("cpu"))
+    fm = reference_loop.FlatModel(model, torch.device("cpu"))
     assert conv.is_contiguous(memory_format=torch.channels_last)
     for p in fm.params:
         assert p.untyped_storage().data_ptr() == fm.flat.untyped_storage().data_ptr()
@@ -335,10 +325,9 @@ def test_w1_files_are_read_by_the_engine(tmp_path: Path) -> None:
     from engine.data import build_dataset
     from engine.privacy import rng as rngs
 
-    bench = _load_bench()
-    w = dataclasses.replace(bench.W1, num_clients=20, test_size=30)
-    root = bench.write_w1_files(w, tmp_path, n_train=20 * 34 + 10)
-    cfg = load_config(overrides=bench.w1_overrides(w, root, 2, "auto"))
+    w = dataclasses.replace(w1.W1, num_clients=20, test_size=30)
+    root = w1.write_w1_files(w, tmp_path, n_train=20 * 34 + 10)
+    cfg = load_config(overrides=w1.w1_overrides(w, root, 2, "auto"))
     assert cfg.dataset.client_test_fraction == 0
     ds = build_dataset(cfg.dataset, rngs.numpy_rng(0, rngs.DATA))
     assert sorted(set(ds.client_sizes().tolist())) == [34, 35]
@@ -352,7 +341,7 @@ def test_run_memory_finds_every_descendant_and_its_peak() -> None:
     import subprocess
     import time
 
-    rm = load_benchmark("run_memory.py", "dpfl_run_memory")
+    rm = load_benchmark("run_memory.py")
     sleeper = "import time; time.sleep(30)"
     code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
     child = subprocess.Popen([sys.executable, "-c", code])
@@ -374,7 +363,7 @@ def test_run_memory_finds_every_descendant_and_its_peak() -> None:
 
 
 def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> None:
-    """bench.py's CPU breakdown to a timeline mark: a grandchild's busy loop before the
+    """The benchmarks' CPU breakdown to a timeline mark: a grandchild's busy loop before the
     mark is counted (by role), what runs after the mark is not, and the total never
     exceeds what the machine's cores did over the same span."""
     timeline = tmp_path / "timeline.jsonl"
@@ -387,7 +376,7 @@ def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> Non
         "while time.process_time() - t < 0.8: pass\n"  # after the mark: not counted
         f"open({str(timeline)!r}, 'w').write(json.dumps(['rounds start', mark]) + '\\n')\n"
     )
-    t0, t1, rc, _tail, usage = _load_bench().cpu_until_mark(
+    t0, t1, rc, _tail, usage = measure.cpu_until_mark(
         [sys.executable, "-c", code], dict(os.environ), timeline, "rounds start", every_s=0.02
     )
     assert rc == 0 and usage["samples"] > 0
@@ -398,7 +387,7 @@ def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> Non
     # stop_title: sampling ends at the first sample whose command lines contain it
     # (the grandchild's, whose code names process_time), long before the mark
     timeline.unlink()
-    *_, early = _load_bench().cpu_until_mark(
+    *_, early = measure.cpu_until_mark(
         [sys.executable, "-c", code],
         dict(os.environ),
         timeline,
@@ -409,15 +398,12 @@ def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> Non
     assert 0 < early["samples"] < usage["samples"] / 2
 
 
-EVAL_OVERLAP = REPO / "benchmarks" / "eval_overlap.py"
-
-
 def test_eval_overlap_benchmark_compares_bit_identical_runs(tmp_path: Path) -> None:
     """Its smoke run: the overlapped run is the overlapped path (the pool says so),
     equals the unoverlapped one bit for bit, and both evaluated every round."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    cmd = [sys.executable, str(EVAL_OVERLAP), "--quick", "--workers", "1", "--pairs", "1"]
+    cmd = benchmark_command("eval_overlap.py", "--quick", "--workers", "1", "--pairs", "1")
     cmd += ["--rounds", "3"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmark_scripts import benchmark_command
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 def run_quick(script: str, tmp_path: Path, *extra: str) -> dict:
     out = tmp_path / "r.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--json", str(out), *extra],
+        benchmark_command(script, "--quick", "--json", str(out), *extra),
         capture_output=True,
         text=True,
         cwd=REPO,

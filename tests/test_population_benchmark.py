@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.benchmark_scripts import benchmark_command
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_population_benchmark_quick(tmp_path):
     out = tmp_path / "pop.json"
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "population.py"), "--quick", "--json", str(out)],
+        benchmark_command("population.py", "--quick", "--json", str(out)),
         check=True,
         capture_output=True,
         cwd=REPO,

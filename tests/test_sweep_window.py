@@ -12,7 +12,7 @@ from tests.benchmark_scripts import load_benchmark
 
 
 def _load_sweep() -> ModuleType:
-    return load_benchmark("sweep_gpu.py", "dpfl_sweep_gpu")
+    return load_benchmark("sweep_gpu.py")
 
 
 def _trial(marks: list[float], ups: list[float]) -> dict:

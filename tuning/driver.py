@@ -23,6 +23,43 @@ STOPPING_ERRNOS = frozenset(
 )
 
 
+def cell_trial_ids(algorithm: str, epsilon: float, n_trials: int) -> list[str]:
+    """The fixed ids of the cell's trials under the driver and process runners,
+    ``<crc of the cell>_<k:05d>``: a resumed experiment finds its trials by them."""
+    prefix = f"{zlib.crc32(experiment_name(algorithm, epsilon).encode()):08x}"[:5]
+    return [f"{prefix}_{k:05d}" for k in range(n_trials)]
+
+
+def start_cell(out: Path, algorithm: str, epsilon: float, ids: list[str], resume: bool) -> None:
+    """A fresh start removes the cell's rows and its trials' checkpoints first."""
+    from tuning.trial import trial_checkpoint_path
+
+    if not resume:
+        shutil.rmtree(rounds_dir(out, algorithm, epsilon), ignore_errors=True)
+        for trial_id in ids:
+            trial_checkpoint_path(out, trial_id).unlink(missing_ok=True)
+
+
+def trial_finished(folder: Path, trial_id: str, rounds: int) -> bool:
+    """Whether the trial's own file holds every round's row (nothing left to run)."""
+    import pyarrow.parquet as pq
+
+    done = folder / f"{trial_id}.parquet"
+    return (
+        done.exists()
+        and not any(folder.glob(f"{trial_id}-round*.parquet"))
+        and max(pq.read_table(done, columns=["round"]).column("round").to_pylist()) >= rounds
+    )
+
+
+def report_failure(name: str, trial_id: str, attempt: int, why: str) -> None:
+    print(
+        f"{name}: trial {trial_id} failed (attempt {attempt + 1} of 2): {why}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def run_cell_in_driver(
     out: Path,
     algorithm: str,
@@ -38,31 +75,18 @@ def run_cell_in_driver(
 
     Each trial is :func:`tuning.trial.trial_body`, the function a Tune trial runs, so
     its hyperparameters, seed, rows, checkpoints and compacted file are those of the
-    same trial under Tune. Trial ids are ``<crc of the cell>_<k:05d>``, fixed, so a
-    resumed experiment finds its trials: one whose file holds the last round's row is
-    done; any other continues from its own checkpoint (none: from the start), and a
+    same trial under Tune. Trial ids are fixed (:func:`cell_trial_ids`), so a resumed
+    experiment finds its trials: one whose file holds the last round's row is done;
+    any other continues from its own checkpoint (none: from the start), and a
     checkpointed row that was never written is released from the checkpoint. A fresh
     start removes the cell's rows and its trials' checkpoints first."""
-    import pyarrow.parquet as pq
-
-    from tuning.trial import trial_checkpoint_path
-
     name = experiment_name(algorithm, epsilon)
-    prefix = f"{zlib.crc32(name.encode()):08x}"[:5]
-    ids = [f"{prefix}_{k:05d}" for k in range(n_trials)]
-    if not resume:
-        shutil.rmtree(rounds_dir(out, algorithm, epsilon), ignore_errors=True)
-        for trial_id in ids:
-            trial_checkpoint_path(out, trial_id).unlink(missing_ok=True)
+    ids = cell_trial_ids(algorithm, epsilon, n_trials)
+    start_cell(out, algorithm, epsilon, ids, resume)
     statuses: dict[str, str] = {}
     folder = rounds_dir(out, algorithm, epsilon)
     for k, trial_id in enumerate(ids):
-        done = folder / f"{trial_id}.parquet"
-        if (
-            done.exists()
-            and not any(folder.glob(f"{trial_id}-round*.parquet"))
-            and max(pq.read_table(done, columns=["round"]).column("round").to_pylist()) >= rounds
-        ):  # every round's row is in the trial's file
+        if trial_finished(folder, trial_id, rounds):
             statuses[trial_id] = "TERMINATED"
             continue
         for attempt in range(2):
@@ -76,10 +100,5 @@ def run_cell_in_driver(
                     # CLI prints one line naming the file); --resume continues it
                     raise
                 statuses[trial_id] = "ERROR"
-                print(
-                    f"{name}: trial {trial_id} failed (attempt {attempt + 1} of 2): "
-                    f"{type(err).__name__}: {err}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                report_failure(name, trial_id, attempt, f"{type(err).__name__}: {err}")
     return statuses

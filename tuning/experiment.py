@@ -40,6 +40,7 @@ from tuning.plan import (
     SMOKE,
     TRIALS_PER_GPU,
     check_trial_fits,
+    choose_runner,
     experiment_name,
     make_scheduler,
     make_searcher,
@@ -59,6 +60,7 @@ from tuning.sweep_folder import (
     read_runner,
 )
 from tuning.trial import make_trainable, trial_body
+from tuning.trial_pool import Cell, default_processes, run_cells_in_processes
 from tuning.trials_table import mark_released, trials_table, write_trials
 
 
@@ -89,11 +91,13 @@ def run_tune(
     ``tnb_shape``) under which K is drawn here with mean ``num_samples`` and only the
     best trial of each (algorithm, ε) is released.
 
-    ``runner`` (default: ``tune.runner`` of the YAML, else ``tune``): ``driver`` runs
-    each cell's trials one after another in this process instead of through Ray Tune
-    (:func:`run_cell_in_driver`): the same trials, rows, checkpoints and table, without
-    Tune's start and finish (1.2-2.2 s) and the trial processes' imports (about 2 s on
-    2 cores), for sweeps of trials so small that those dominate.
+    ``runner`` (default: ``tune.runner`` of the YAML, else ``auto``,
+    :func:`tuning.plan.choose_runner`; a resume keeps the runner it started with):
+    ``processes`` runs the trials in parallel in a pool of local processes started
+    once (:mod:`tuning.trial_pool`), ``driver`` one after another in this process
+    (:func:`run_cell_in_driver`), ``tune`` through Ray Tune: the same trials, rows,
+    checkpoints and table under all three; the first two skip Tune's start and finish
+    (1.2-2.2 s) and every trial's process start, imports and data set.
 
     ``total`` (``--total-epsilon``): each of ``epsilons`` is a total budget E, the ε of
     publishing the selected trial *including* the search; the trials' noise is solved
@@ -116,18 +120,34 @@ def run_tune(
             set_path(tree, key, value)
     config: RunConfig = load_config(base=tree, overrides=overrides)
     choice = trial_executor_choice or tune_section.get("trial_executor", "auto")
+    runner = runner or tune_section.get("runner", "auto")
+    if runner not in (*RUNNERS, "auto"):
+        raise ConfigError(f"tune.runner={runner!r}: must be auto, {', '.join(RUNNERS)}")
+    marker = out / "tune" / RUNNER_FILE
+    if runner == "auto" and resume:  # a resume continues with the runner it started with
+        runner = read_runner(out, RUNNERS, marker) or runner
+    if runner == "auto":
+        gpus = False
+        if choice != "ray" and not config.ray.address and search == "random":
+            import torch
+
+            gpus = torch.cuda.is_available()
+        runner = choose_runner(runner, search, scheduler, choice, config.ray, gpus)
+    if runner == "processes":
+        if choice not in ("auto", "local"):
+            raise ConfigError(
+                f"tune.trial_executor={choice}: tune.runner=processes runs each trial in "
+                "one process of its pool (ray.executor=local); use --runner tune or driver"
+            )
+        choice = "local"
     config = replace(config, **{"ray.executor": trial_executor(choice, config.ray)})
-    runner = runner or tune_section.get("runner", "tune")
-    if runner not in RUNNERS:
-        raise ConfigError(f"tune.runner={runner!r}: must be {', '.join(RUNNERS)}")
-    if runner == "driver" and (search != "random" or scheduler != "fifo"):
+    if runner in ("driver", "processes") and (search != "random" or scheduler != "fifo"):
         raise ConfigError(
-            f"tune.runner=driver runs trials one after another without Ray Tune: it takes "
+            f"tune.runner={runner} runs trials without Ray Tune: it takes "
             f"--search random and --scheduler fifo (given --search {search}, --scheduler "
             f"{scheduler}); use --runner tune"
         )
-    marker = out / "tune" / RUNNER_FILE
-    if resume:  # one runner per experiment: the two name their trials differently
+    if resume:  # one runner per experiment: they name their trials differently
         before = read_runner(out, RUNNERS, marker) or runner
         if before != runner:
             raise ConfigError(
@@ -289,7 +309,31 @@ def run_tune(
             ),
         )
 
-    for a in algorithms:
+    if runner == "processes":
+        cells = [
+            Cell(
+                a,
+                e,
+                counts[experiment_name(a, e)],
+                config.to_dict(),
+                columns,
+                spaces[a],
+                noise_for(experiment_name(a, e)),
+            )
+            for a in algorithms
+            for e in epsilons
+        ]
+        for cell in cells:
+            if cell.n_trials == 0:  # Poisson K = 0: nothing runs, nothing is released
+                shutil.rmtree(rounds_dir(out, cell.algorithm, cell.epsilon), ignore_errors=True)
+                name = experiment_name(cell.algorithm, cell.epsilon)
+                print(f"{name}: no trial (the random number of trials was 0)", flush=True)
+        cells = [c for c in cells if c.n_trials > 0]
+        procs = tune_section.get("trial_processes") or default_processes(
+            config.ray.num_cpus_per_worker, sum(c.n_trials for c in cells)
+        )
+        statuses.update(run_cells_in_processes(out, cells, config.rounds, resume, procs))
+    for a in algorithms if runner != "processes" else []:
         for e in epsilons:
             name = experiment_name(a, e)
             own_sampling = search == "random"

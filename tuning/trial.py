@@ -90,6 +90,27 @@ def round_record(
     return {**hp_columns, **event_columns, "trial_id": trial_id, **row}
 
 
+#: The experiment's data set in this process: every trial of a sweep tunes on the same
+#: clients (built from the experiment seed, not the trial's), so a process that runs
+#: several trials (a reused Tune trial actor, a process of the process runner, the
+#: driver runner) builds it once. One entry, keyed by the dataset config and the seed.
+_DATASET: dict[str, Any] = {}
+
+
+def experiment_dataset(config) -> Any:
+    """``build_dataset`` of ``config.dataset`` from the experiment seed (``config.seed``,
+    stream DATA), built once per process and reused while the key is the same. The
+    data set is only read by a simulation, never changed."""
+    from engine.data import build_dataset
+    from engine.privacy import rng as rngs
+
+    key = repr((config.dataset, config.seed))
+    if key not in _DATASET:
+        _DATASET.clear()  # one data set at a time: a process serves one experiment
+        _DATASET[key] = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
+    return _DATASET[key]
+
+
 def trial_checkpoint_path(out: str | Path, trial_id: str) -> Path:
     """The trial's own round checkpoint (model, server and per-client state, incl.
     personal heads: not a release artefact), rewritten before every row."""
@@ -153,8 +174,6 @@ def trial_body(
         report: Callable[[dict[str, Any]], None],
     ) -> None:
         from engine.config import replace, with_algorithm
-        from engine.data import build_dataset
-        from engine.privacy import rng as rngs
         from engine.simulation import sampling_spec, simulate
 
         hps = dict(params)
@@ -175,7 +194,7 @@ def trial_body(
             sigma = fits[0]
             config = replace(config, **{"privacy.epsilon": None, "privacy.noise_multiplier": sigma})
         # Same clients for every trial (experiment seed), own randomness (trial seed).
-        dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
+        dataset = experiment_dataset(config)
         spec = sampling_spec(config)
         event_columns = {  # what tuning.report needs to rebuild the trial's DpEvent
             "trial_index": index,

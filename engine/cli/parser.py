@@ -213,11 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--scheduler", choices=["fifo", "asha"], default=None)
     tu.add_argument(
         "--runner",
-        choices=["tune", "driver"],
+        choices=["auto", "processes", "tune", "driver"],
         default=None,
-        help="tune (default, or tune.runner in the YAML): trials in parallel through Ray "
-        "Tune; driver: one after another in this process, without Tune's start-up "
-        "(random search, fifo; for sweeps of tiny trials)",
+        help="auto (default, or tune.runner in the YAML): processes for a random-search "
+        "fifo sweep on this machine without a GPU, else tune; processes: trials in "
+        "parallel in local processes started once; tune: through Ray Tune (any search, "
+        "scheduler, a cluster); driver: one after another in this process",
     )
     tu.add_argument(
         "--tuning-privacy",

@@ -275,11 +275,12 @@ class ClientWorker:
         the recipe's client transforms — the same for every trainer. Δ is written into
         ``out`` when given (a buffer reused from client to client: nothing keeps a
         client's Δ past its clip and addition)."""
-        delta = (
-            torch.sub(res.local, global_flat, out=out)
-            if out is not None
-            else res.local - global_flat
-        )
+        if res.delta is not None:  # computed by the trainer (engine.federated.dense_training)
+            delta = res.delta
+        elif out is not None:
+            delta = torch.sub(res.local, global_flat, out=out)
+        else:
+            delta = res.local - global_flat
         if self.head_mask is not None:
             delta[self.head_mask] = 0.0
         tctx = {

@@ -41,6 +41,7 @@ from algorithms.pieces.steps import gradients, round_lr
 from algorithms.pipeline import SGDStep
 from engine.data.federated import FederatedDataset
 from engine.federated.client_state import ClientStateStore
+from engine.federated.dense_steps import DenseSteps, dense_steps_enabled
 from engine.federated.worker_model import (
     batch_to_tensors,
     flatten_params,
@@ -69,6 +70,9 @@ class LocalResult:
     local: torch.Tensor
     loss_sum: float
     steps: int
+    #: Δ = local − x^t when the trainer computed it directly (more exactly than the
+    #: difference of the two float32 models); None: the worker subtracts
+    delta: torch.Tensor | None = None
 
 
 class LocalTrainer(Protocol):
@@ -204,6 +208,9 @@ class OneByOneTrainer:
             self.head_params = self._select(self.head_mask, True)
             self.body_params = self._select(self.head_mask, False)
         self.state = ClientStateStore(spec.state_dir)
+        #: the hand-written steps of a dense model (engine.federated.dense_steps), used
+        #: for plain-SGD steps without a regularizer; None for other models
+        self.dense = DenseSteps.of(model, self.params) if dense_steps_enabled() else None
 
     def _select(self, mask: torch.Tensor, value: bool) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
@@ -228,6 +235,19 @@ class OneByOneTrainer:
             weight_decay=0.0 if plain else spec.weight_decay,
         )
         loss_sum, steps = 0.0, 0
+        dense = self.dense is not None and params is self.params  # all of them trained
+        if dense and type(step_rule) is SGDStep and pipe.regularizer is None:
+            # the same gradients as the closure below, bit for bit, without autograd
+            for b in batches:
+                x, y = batch_to_tensors(self.dataset, b, self.device)
+                assert self.dense is not None
+                loss, grads = self.dense.loss_and_grads(x, y)
+                opt.step(grads)
+                if pipe.constraint is not None:
+                    pipe.constraint.project_(self.params, anchor)
+                loss_sum += float(loss)
+                steps += 1
+            return loss_sum, steps
         for b in batches:
             x, y = batch_to_tensors(self.dataset, b, self.device)
 

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.federated.dense_training import DenseSGDTrainer, dense_sgd_reason
 from engine.federated.group_training import VectorizedTrainer, unsupported_reason
 from engine.federated.local_training import LocalResult, OneByOneTrainer
 
@@ -245,9 +246,13 @@ class DeferredTrainer:
         return self.decide().train(global_flat, rnd, clients, public)
 
 
-def choose_trainer(base: OneByOneTrainer) -> OneByOneTrainer | GroupedTrainer | DeferredTrainer:
+def choose_trainer(
+    base: OneByOneTrainer,
+) -> OneByOneTrainer | GroupedTrainer | DeferredTrainer | DenseSGDTrainer:
     """The worker's local trainer, decided once per worker (never per round): groups
-    of ``ray.clients_per_worker_batch`` clients if set, else the automatic size;
+    of ``ray.clients_per_worker_batch`` clients if set; else, for a dense model
+    (logreg, mlp) under plain SGD on the CPU, :class:`DenseSGDTrainer`; else the
+    automatic size;
     ``base`` (one by one) when the pipeline or model cannot be vectorised (probed
     once) or the size is 1. The automatic choice on the CPU is deferred to the first
     shard that could use a group (:class:`DeferredTrainer`). The trainer's ``note``
@@ -258,6 +263,8 @@ def choose_trainer(base: OneByOneTrainer) -> OneByOneTrainer | GroupedTrainer | 
     reason = unsupported_reason(base)
     if reason is not None:
         return _one_by_one(base, f"one by one: {reason}")
+    if requested is None and base.dense is not None and dense_sgd_reason(base) is None:
+        return DenseSGDTrainer(base)  # a dense model under plain SGD, on the CPU
     if requested is None:
         reason = cpu_prefers_one_by_one(base)
         if reason is not None:

@@ -255,7 +255,7 @@ def clip_and_add_(
     """``res = clip_update(update, clip_norm); add_float64_(total, res.update)``, returning
     ``res``: the same clipped values, norms and float64 sum bit for bit, in 0.37–0.64x
     the CPU time for a float32 update of 1.7M–11M coordinates
-    (``python benchmarks/round_phases.py --kernels``). The clip runs in ``scratch``
+    (``python -m benchmarks.round_phases --kernels``). The clip runs in ``scratch``
     (reused from one client to the next) and the sum is added from the float64 image
     the clip already made, so what is added is exactly the clipped update, whose
     float64 norm is ≤ C. A clipped ``res.update`` is a view of ``scratch``, valid until

@@ -124,21 +124,28 @@ ON_DEMAND_RUN = [
 @pytest.mark.parametrize("model", ["logreg", "mlp"])
 @pytest.mark.parametrize("group", ["null", "8"])
 def test_on_demand_with_vectorised_groups_equals_one_by_one(monkeypatch, model, group):
-    """The on-demand path with grouping on (the default, and an explicit size) trains
-    the clients one-by-one training does, to float32 rounding (the tolerance of
+    """The on-demand path with grouping on (the default: dense models train in groups
+    of engine.federated.dense_training; an explicit size: vmap groups) trains the
+    clients one-by-one training does, to float32 rounding (the tolerance of
     tests/engine/test_vectorized.py), and groups really ran."""
     from engine.config import load_config
+    from engine.federated.dense_training import DenseSGDTrainer
     from engine.federated.group_training import VectorizedTrainer
     from engine.simulation import simulate
 
     groups: list[int] = []
-    train_group = VectorizedTrainer.train_group
+    train_group, dense_group = VectorizedTrainer.train_group, DenseSGDTrainer._group
 
     def counted(self, global_flat, rnd, clients, public):
         groups.append(len(clients))
         return train_group(self, global_flat, rnd, clients, public)
 
+    def dense_counted(self, batches, *args):
+        groups.append(len(batches))
+        return dense_group(self, batches, *args)
+
     monkeypatch.setattr(VectorizedTrainer, "train_group", counted)
+    monkeypatch.setattr(DenseSGDTrainer, "_group", dense_counted)
     base = [*ON_DEMAND_RUN, f"model.name={model}", "ray.executor=local"]
     grouped = simulate(load_config(overrides=[*base, f"ray.clients_per_worker_batch={group}"]),
                        write=False)  # fmt: skip

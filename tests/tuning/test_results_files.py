@@ -68,14 +68,9 @@ def test_a_crash_between_rename_and_unlink_leaves_no_duplicate_rows(tmp_path) ->
 def test_results_benchmark_reads_the_same_rows_from_both_layouts(tmp_path) -> None:
     """benchmarks/results_io.py at a tiny size: the per-round sample and its compacted
     files hold the same rows (checked inside), the sweep is one file per trial."""
-    import importlib.util
-    from pathlib import Path
+    from benchmarks import results_io
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results_io.py"
-    spec = importlib.util.spec_from_file_location("results_io", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    res = bench.measure(tmp_path, trials=12, rounds=6, sample=3)
+    res = results_io.measure(tmp_path, trials=12, rounds=6, sample=3)
     assert res["per_round_files_read"] == 18 and res["compacted_files"] == 12
     files = list((tmp_path / "rounds").rglob("*.parquet"))
     assert len(files) == 12 and not [f for f in files if "-round" in f.name]

@@ -92,3 +92,17 @@ def test_an_unreachable_total_is_one_line_exit_2_and_nothing_written(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unreachable" in err and "0.001" in err
     assert not out.exists() or not any(p for p in out.rglob("*") if p.name != "ray.log")
+
+
+def test_total_budget_under_the_process_runner_uses_the_solved_noise(tmp_path) -> None:
+    """The default runner on one machine (trials in a pool of processes) runs every
+    trial at the σ solved from the total, never at the total as a per-trial ε."""
+    out = tmp_path / "procs"
+    fast = ["--smoke-test", "--runner", "processes", "--set", "ray.executor=local", "-v"]
+    argv = ["tune", *fast, "--total-epsilon", "4", "--num-samples", "2", "--out", str(out)]
+    assert main(argv) == 0
+    (conf,) = _budget(out)["configurations"]
+    trials = load_trials(out)
+    assert len(trials) == 2 and set(trials["status"]) == {"TERMINATED"}
+    assert set(trials["noise_multiplier"]) == {conf["noise_multiplier"]}
+    assert float(trials["epsilon"].max()) < 4.0
