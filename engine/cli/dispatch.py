@@ -11,9 +11,10 @@ import sys
 import warnings
 from pathlib import Path
 
+from engine.cli.common import check_flag_conflicts
 from engine.cli.compare import compare_command
 from engine.cli.info import algorithms_command, config_command
-from engine.cli.parser import COMMANDS, build_parser
+from engine.cli.parser import COMMANDS, build_parser, parse_args
 from engine.cli.privacy import privacy_command
 from engine.cli.run import run_command
 from engine.cli.tune import leaderboard_command, report_command, tune_command
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     timeline.mark("main")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not hasattr(warnings, "_formatwarning_orig"):
         warnings._formatwarning_orig = warnings.formatwarning  # type: ignore[attr-defined]
     quiet_before = os.environ.get(QUIET_ENV)
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("default")
             warnings.formatwarning = _format_warning
             try:
+                check_flag_conflicts(args)
                 return int(HANDLERS[args.command](args))
             finally:
                 warnings.formatwarning = warnings._formatwarning_orig  # type: ignore[attr-defined]

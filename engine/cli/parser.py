@@ -33,17 +33,60 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with dpfl's error contract: one line, exit 2."""
+    """argparse with dpfl's error contract: one line, exit 2 (an unknown flag names the
+    closest known one)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())  # argparse's messages may span lines
+        flag, _, text = message.removeprefix("argument ").partition(": ")
+        if message.startswith("argument ") and text.startswith(tuple(flag.split("/"))):
+            message = text  # a value refused by its type names the flag itself
+        if message.startswith("unrecognized arguments:"):
+            message += _closest_flag(self, message.split(":", 1)[1].split())
         self.exit(2, f"dpfl: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, with unknown flags refused by the command's own parser
+    (its ``--help`` named, and the closest flag it knows suggested)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+            args.command
+        ]
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _closest_flag(parser: argparse.ArgumentParser, given: list[str]) -> str:
+    """``; did you mean --x?`` for the first unknown flag close to one ``parser`` knows."""
+    import difflib
+
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for word in given:
+        if word.startswith("-"):
+            match = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if match:
+                return f"; did you mean {match[0]}?"
+    return ""
+
+
+def _items(text: str, flag: str, example: str) -> list[str]:
+    """The comma-separated items of a list flag's value; ConfigError naming the flag for
+    an empty value or an empty item (``1,,2``: never silently skipped)."""
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip() or any(not x for x in items):
+        what = "is empty" if not text.strip() else "has an empty item"
+        raise ConfigError(f"{flag}={text!r}: {what}; expected e.g. {example}")
+    return items
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
     if text is None:
         return None
+    items = _items(text, "--seeds", "0,1,2")
     try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
+        seeds = [int(x) for x in items]
     except ValueError:
         seeds = []
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
@@ -52,14 +95,52 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 
 def parse_floats(text: str, flag: str) -> list[float]:
+    items = _items(text, flag, "1,4,8")
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in items]
     except ValueError:
         raise ConfigError(f"{flag}={text!r}: expected comma-separated numbers") from None
 
 
+def _checked(check, *args: str):  # noqa: ANN001, ANN202 - an argparse ``type``
+    """An argparse ``type`` that runs ``check(value, *args)`` and keeps the string:
+    argparse then refuses a bad value in one line naming the flag, before any work."""
+
+    def convert(value: str) -> str:
+        try:
+            check(value, *args)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+
+    return convert
+
+
+def _nonempty(value: str, flag: str) -> None:
+    if not value.strip():
+        raise ConfigError(f"{flag}={value!r}: is empty; give a path or name")
+
+
+def _names(value: str, flag: str) -> None:
+    _items(value, flag, "all, or dp_fedavg,fedavg")
+
+
+def _floats(value: str, flag: str) -> None:
+    parse_floats(value, flag)
+
+
+def _seeds(value: str, flag: str) -> None:
+    parse_seeds(value)
+
+
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML file (a diff over the defaults)")
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="FILE",
+        type=_checked(_nonempty, "--config"),
+        help="YAML file (a diff over the defaults)",
+    )
     p.add_argument(
         "--set",
         "-s",
@@ -98,16 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--out",
         metavar="DIR",
+        type=_checked(_nonempty, "--out"),
         help="results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)",
     )
     run.add_argument(
         "--seeds",
         metavar="S1,S2,...",
+        type=_checked(_seeds, "--seeds"),
         help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
     )
     run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
     run.add_argument(
-        "--resume", metavar="DIR", help="continue an interrupted run from its results folder"
+        "--resume",
+        metavar="DIR",
+        type=_checked(_nonempty, "--resume"),
+        help="continue an interrupted run from its results folder",
     )
     run.add_argument(
         "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
@@ -152,12 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp_ = sub.add_parser("compare", help="run several algorithms at one budget; one table")
     cmp_.add_argument(
-        "--algorithms", "-a", default=None, help="all, or a,b,c (default: all, or the preset's)"
+        "--algorithms",
+        "-a",
+        default=None,
+        type=_checked(_names, "--algorithms"),
+        help="all, or a,b,c (default: all, or the preset's)",
     )
     _add_config_args(cmp_)
     cmp_.add_argument(
         "--epsilons",
         metavar="E1,E2,...",
+        type=_checked(_floats, "--epsilons"),
         help="run every algorithm at each target epsilon (DIR/eps<E>/...); table algorithm x eps",
     )
     cmp_.add_argument(
@@ -167,10 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a preset --config (experiments/*.yaml): the paper's setting (default), "
         "the CPU scale on the offline digits data, or the real scale (Fashion-MNIST)",
     )
-    cmp_.add_argument("--out", metavar="DIR", help="folder (default results/<timestamp>-compare)")
+    cmp_.add_argument(
+        "--out",
+        metavar="DIR",
+        type=_checked(_nonempty, "--out"),
+        help="folder (default results/<timestamp>-compare)",
+    )
     cmp_.add_argument(
         "--seeds",
         metavar="S1,S2,...",
+        type=_checked(_seeds, "--seeds"),
         help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
         "the table shows mean ± std over seeds",
     )
@@ -192,17 +289,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="hyperparameter search at fixed budgets (Ray Tune)")
     tu.add_argument(
-        "--config", "-c", metavar="FILE", help="YAML: config diff plus an optional tune: section"
+        "--config",
+        "-c",
+        metavar="FILE",
+        type=_checked(_nonempty, "--config"),
+        help="YAML: config diff plus an optional tune: section",
     )
     # Flags default to None: a --resume takes what the folder recorded (tuning.cli_settings)
-    tu.add_argument("--algorithms", "-a", default=None, help="all, or a,b,c (default dp_fedavg)")
     tu.add_argument(
-        "--epsilons", default=None, help="comma-separated per-trial budgets, e.g. 1,4,8 (default 4)"
+        "--algorithms",
+        "-a",
+        default=None,
+        type=_checked(_names, "--algorithms"),
+        help="all, or a,b,c (default dp_fedavg)",
+    )
+    tu.add_argument(
+        "--epsilons",
+        default=None,
+        type=_checked(_floats, "--epsilons"),
+        help="comma-separated per-trial budgets, e.g. 1,4,8 (default 4)",
     )
     tu.add_argument(
         "--total-epsilon",
         default=None,
         metavar="E1,E2,...",
+        type=_checked(_floats, "--total-epsilon"),
         help="comma-separated total budgets instead: the epsilon of publishing the selected "
         "trial including the search; each trial's noise is solved from it (tune.total_epsilon)",
     )
@@ -242,7 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="let --metric be a *_nonprivate metric (selection then leaks clients' data)",
     )
     tu.add_argument(
-        "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
+        "--out",
+        metavar="DIR",
+        type=_checked(_nonempty, "--out"),
+        help="experiment folder (default results/<timestamp>-tune)",
     )
     tu.add_argument(
         "--resume",
@@ -268,7 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
-    rp.add_argument("dir", metavar="DIR", help="a dpfl tune output folder")
+    rp.add_argument(
+        "dir", metavar="DIR", type=_checked(_nonempty, "DIR"), help="a dpfl tune output folder"
+    )
     rp.add_argument("--metric", default="test_accuracy", help="a metric the trials were tuned for")
     rp.add_argument(
         "--watch",
