@@ -3,7 +3,9 @@
 Everything that can be checked is checked in :func:`prepare` before any training:
 config values, dataset files, model/data compatibility, and the privacy budget (σ is
 calibrated from ε, or ε computed from σ, by dp-accounting with the sampling actually
-used). The ε recorded for each round is the accountant's cumulative ε after that
+used). A caller that prepared the run already (``dpfl run``, which validates before
+Ray starts) passes its :class:`Prepared` (``prepared=``), and that plan is the one
+executed. The ε recorded for each round is the accountant's cumulative ε after that
 round; the final ε is the accountant's value for the rounds actually run.
 
 The round loop here computes each round's row; its side effects (checkpoint, metrics,
@@ -13,6 +15,7 @@ order of :mod:`engine.simulation.callbacks`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import tempfile
@@ -98,6 +101,18 @@ def static_columns(prep: Prepared) -> dict[str, Any]:
     return static
 
 
+def _prepared_for(config: RunConfig, prepared: Prepared) -> Prepared:
+    """``prepared`` as the plan of ``config``, which may differ from the prepared
+    config only in ``out`` (a default folder is named when it is claimed)."""
+    mine, theirs = config.to_dict(), prepared.config.to_dict()
+    mine.pop("out")
+    theirs.pop("out")
+    if mine != theirs:
+        diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+        raise ValueError(f"simulate(prepared=...): prepared for another config (differs in {diff})")
+    return dataclasses.replace(prepared, config=config)
+
+
 def simulate(
     config: RunConfig,
     *,
@@ -109,6 +124,7 @@ def simulate(
     on_checkpoint: Callable[[dict, dict], None] | None = None,
     run_name: str = "dpfl",
     trial: str = "",
+    prepared: Prepared | None = None,
 ) -> SimulationResult:
     """Run one simulation and return its rounds as a DataFrame.
 
@@ -136,8 +152,11 @@ def simulate(
         run_name: Prefix of the Ray actor names (unique per concurrent run); also the
             ``run`` tag of the dashboard metrics (:mod:`engine.telemetry.metrics`).
         trial: The ``trial`` tag of the dashboard metrics (Tune's trial id).
+        prepared: ``prepare(config)``'s result, made (and so checked) beforehand:
+            the run executes this plan (its dataset, σ, pipeline) and prepares
+            nothing again. Its config must be ``config`` up to ``out``.
     """
-    prep = prepare(config, dataset)
+    prep = prepare(config, dataset) if prepared is None else _prepared_for(config, prepared)
     plan = prep.plan
     out_dir = Path(config.out) if config.out else default_out_dir(config)
     writer = RoundWriter(out_dir) if write else None
