@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
                 )
         # config.json, the checkpoint and every released row, before a byte is written
         folder = check_run_folder(args.resume)
+        if folder.fallback is not None:  # the last checkpoint damaged, the previous intact
+            print(f"dpfl: warning: --resume {args.resume}: {folder.fallback}", file=sys.stderr)
         config = folder.config
         if args.executor:
             config = replace(config, **{"ray.executor": args.executor})

@@ -101,6 +101,21 @@ def static_columns(prep: Prepared) -> dict[str, Any]:
     return static
 
 
+def _same_as_released(row: dict[str, Any], released: dict[str, Any]) -> None:
+    """A round computed again (a resume from the previous checkpoint) must equal the
+    row already released; anything else is a bug, raised before the row is written."""
+    from engine.results.run_folder import AGREEING
+
+    for col in AGREEING:
+        a, b = row.get(col), released.get(col)
+        same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+        if col in released and not same:
+            raise RuntimeError(
+                f"round {row['round']} computed again differs from its released row "
+                f"({col}: {a!r} != {b!r})"
+            )
+
+
 def _prepared_for(config: RunConfig, prepared: Prepared) -> Prepared:
     """``prepared`` as the plan of ``config``, which may differ from the prepared
     config only in ``out`` (a default folder is named when it is claimed)."""
@@ -180,6 +195,7 @@ def simulate(
     privacy_extra = privacy_options(prep)
     static.update(privacy_extra)
     rows: list[dict[str, Any]] = []
+    ahead: dict[int, dict[str, Any]] = {}
     done = int(resume["server"]["rounds_done"]) if resume is not None else 0
     if resume is not None and writer is not None and writer.path.exists():
         # The checkpoint is written before its round's row, so every row on disk is at
@@ -187,6 +203,9 @@ def simulate(
         previous = pd.read_parquet(writer.path)
         rows = previous[previous["round"] <= done].to_dict("records")
         writer.rows = [dict(r) for r in rows]
+        # From the previous checkpoint (the last one damaged), a released round is
+        # computed again: a seeded run must give its released row back exactly.
+        ahead = {int(r["round"]): r for r in previous[previous["round"] > done].to_dict("records")}
     # A crash between a checkpoint and its row leaves that row unreleased: release the
     # copy the checkpoint holds (the same values; the round is not recomputed).
     pending = (resume or {}).get("row")
@@ -228,6 +247,8 @@ def simulate(
             timeline.mark(f"round {row['round']}")
             row.update(static)
             row["wall_time_s_nonprivate"] = time.perf_counter() - t0
+            if int(row["round"]) in ahead:
+                _same_as_released(row, ahead[int(row["round"])])
             if not math.isnan(row["test_accuracy"]):
                 state.last_accuracy = row["test_accuracy"]
             rows.append(row)
