@@ -141,6 +141,13 @@ def run_tune(
     if not epsilons or any(e <= 0 for e in epsilons):
         raise ConfigError(f"--epsilons={epsilons}: each must be > 0")
     spaces = {a: space_for(a, tune_section.get("space"), config.recipe) for a in algorithms}
+    for a in algorithms:  # nothing to search: every trial would be the same run
+        if not spaces[a] and (num_samples > 1 or tuning_privacy != "compose"):
+            raise ConfigError(
+                f"tune.space: the search space of {a} is empty (every key null), so its "
+                f"trials would repeat one run, each accounted as a cost of tuning; search "
+                "at least one key, or run the one configuration (--num-samples 1)"
+            )
     try:
         for a in algorithms:
             selection.check_mode(
@@ -250,6 +257,7 @@ def run_tune(
 
     every = int(tune_section.get("checkpoint_every", 1))
     statuses: dict[str, str] = {}
+    errors: dict[str, str] = {}  # a failed trial's error, for the failure line
     columns: dict[str, str] = {}
     for a in algorithms:
         names = column_names(list(spaces[a]))
@@ -304,7 +312,7 @@ def run_tune(
                     config.to_dict(), a, e, str(out), columns, spaces[a], noise_for(name)
                 )
                 statuses.update(
-                    run_cell_in_driver(out, a, e, n_trials, config.rounds, body, resume)
+                    run_cell_in_driver(out, a, e, n_trials, config.rounds, body, resume, errors)
                 )
                 compact_cell(out, a, e)
                 dt = time.perf_counter() - t0
@@ -370,6 +378,8 @@ def run_tune(
                     "-", 1
                 )[-1]
                 statuses[tid] = "ERROR" if result.error else "TERMINATED"
+                if result.error:
+                    errors[tid] = f"{type(result.error).__name__}: {result.error}"
             compact_cell(out, a, e)  # stopped or failed trials: one file each too
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
     trials = trials_table(out, statuses, metric)
@@ -387,4 +397,26 @@ def run_tune(
         ]
     trials = mark_released(trials, metric, tuning_privacy, num_samples, tnb_shape)
     write_trials(out, trials)
+    # Every trial that failed, with its error (one may have no row in the table):
+    # dpfl tune exits non-zero on them (failed_trials_line).
+    trials.attrs["failed"] = {
+        t: errors.get(t, "no error reported") for t, s in statuses.items() if s == "ERROR"
+    }
     return trials
+
+
+def failed_trials_line(trials: pd.DataFrame, out: str | Path) -> str | None:
+    """One line naming the failed trials of a sweep (``run_tune``'s table) and why, and
+    how to continue it; None when every trial finished."""
+    failed: dict[str, str] = trials.attrs.get("failed", {})
+    if not failed:
+        return None
+    shown = "; ".join(
+        f"{t}: {' '.join(why.split())[:200]}" for t, why in sorted(failed.items())[:3]
+    )
+    more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+    return (
+        f"{len(failed)} trial(s) failed ({shown}{more}); the other trials are in "
+        f"{out}/trials.parquet; continue the sweep with dpfl tune --resume --out {out} "
+        "and the same flags"
+    )

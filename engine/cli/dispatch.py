@@ -11,6 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from engine.base.errors import RunFailed
 from engine.cli.common import check_flag_conflicts
 from engine.cli.compare import compare_command
 from engine.cli.info import algorithms_command, config_command
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dpfl: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:  # it ran, and part of it failed: said in one line
+        print(f"dpfl: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         line = _os_error(e, args)
         if line is None:
