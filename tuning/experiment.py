@@ -134,8 +134,6 @@ def run_tune(
                 f"--runner {runner}: the experiment in {str(out)!r} ran with --runner "
                 f"{before}; resume it with --runner {before}"
             )
-    if runner == "tune":
-        from ray import tune
     if num_samples < 1:
         raise ConfigError(f"--num-samples={num_samples}: must be >= 1")
     if not epsilons or any(e <= 0 for e in epsilons):
@@ -217,6 +215,8 @@ def run_tune(
             secure=bool(config.privacy.secure_noise),
         )
     head = float(tune_section.get("head_cpus", HEAD_CPUS))
+    if runner == "tune":  # once every check has passed (a refusal need not wait for it)
+        from ray import tune
     if runner == "tune" or config.ray.executor == "ray":
         ensure_ray(config.ray, extra_cpus=head)
     if runner == "tune":

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -63,14 +64,20 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}={value!r}: expected a number")
+        number: float | None = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}={value!r}: expected a number")
+        if number is None:
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        # NaN or infinite is no setting (privacy.epsilon's own check says what inf means)
+        if not math.isfinite(number) and key != "privacy.epsilon":
+            raise ConfigError(f"{key}={value!r}: must be a finite number")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             if not str(value).strip():  # never read as "unset": say so
