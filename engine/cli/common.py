@@ -19,8 +19,25 @@ from engine.cli.parser import RAY_LOG
 from engine.config import ConfigError, RunConfig, load_config
 from engine.runtime.switches import LOG_TO_DRIVER_ENV
 
-#: The keys that promise privacy; a non-private recipe given one is an error.
-PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delta")
+
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+def _on(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+#: The keys (and the values) that promise privacy or a privacy measurement; a
+#: non-private recipe, which would ignore them, given one is an error.
+PRIVACY_PROMISES: dict[str, Any] = {
+    "privacy.epsilon": _set,
+    "privacy.noise_multiplier": _set,
+    "privacy.delta": _set,
+    "privacy.secure_noise": _on,  # release mode
+    "privacy.clip_mode": lambda v: str(v).strip() == "adaptive",
+    "eval.audit_canaries": lambda v: v is not None and str(v).strip() not in ("0", ""),
+}
 
 
 def given_keys(path: str | None, overrides: list[str]) -> dict[str, Any]:
@@ -61,8 +78,8 @@ def check_private(
     if any(a not in non_private(recipe_private) for a in algorithms):
         return
     given = given_keys(args.config, args.set)
-    for key in PRIVACY_PROMISES:
-        if given.get(key) is not None:
+    for key, promises in PRIVACY_PROMISES.items():
+        if key in given and promises(given[key]):
             which = (
                 f"algorithm={algorithms[0]} is"
                 if len(algorithms) == 1
