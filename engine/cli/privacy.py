@@ -59,11 +59,11 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def privacy_command(args: argparse.Namespace) -> int:
     """``dpfl privacy``: calibrate sigma for ``--epsilon`` or account ``--noise-multiplier``."""
+    check_flags(args)  # before the accountant's import (dp-accounting, SciPy)
     from engine.config import DatasetConfig
     from engine.privacy.accounting import SamplingSpec, default_delta
     from engine.privacy.resolve import resolve_privacy
 
-    check_flags(args)
     num_clients = args.num_clients
     # delta defaults as in runs (default_delta), N = --num-clients (default dataset.num_clients)
     population = num_clients if num_clients is not None else DatasetConfig().num_clients
