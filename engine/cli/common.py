@@ -128,7 +128,8 @@ def check_flag_conflicts(args: argparse.Namespace) -> None:
             f"--seeds={args.seeds!r} runs each of its seeds, and seed={given['seed']!r} "
             "(--config/--set) would be ignored; give one"
         )
-    if command in ("compare", "tune") and "algorithm" in given:
+    preset = any(k.startswith("preset.") for k in given)  # its rows are its variants
+    if command in ("compare", "tune") and "algorithm" in given and not preset:
         spec = args.algorithms or "all"
         names = [a.strip() for a in spec.split(",")]
         if given["algorithm"] not in names and not (spec.strip() == "all" and command == "tune"):

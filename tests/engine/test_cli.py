@@ -133,6 +133,7 @@ def test_overwrite_replaces_the_folder_and_its_stale_files(small_overrides, tmp_
     assert main(_run_args(small_overrides, "--out", str(out), "--overwrite")) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint.pkl",
+        "checkpoint.previous.pkl",
         "config.json",
         "rounds.parquet",
     ]
