@@ -379,7 +379,7 @@ def run_tune(
                 )[-1]
                 statuses[tid] = "ERROR" if result.error else "TERMINATED"
                 if result.error:
-                    errors[tid] = f"{type(result.error).__name__}: {result.error}"
+                    errors[tid] = _trial_error(result.error)
             compact_cell(out, a, e)  # stopped or failed trials: one file each too
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
     trials = trials_table(out, statuses, metric)
@@ -403,6 +403,18 @@ def run_tune(
         t: errors.get(t, "no error reported") for t, s in statuses.items() if s == "ERROR"
     }
     return trials
+
+
+def _trial_error(err: BaseException) -> str:
+    """``Type: message`` of a trial's error, the original one inside Ray's wrapper
+    (``RayTaskError.cause``), without terminal colours."""
+    import re
+
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException):
+        err = cause
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
 def failed_trials_line(trials: pd.DataFrame, out: str | Path) -> str | None:

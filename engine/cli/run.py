@@ -143,14 +143,14 @@ def execute_run(plan: RunPlan, args: argparse.Namespace) -> int:
             )
         _print_run(config, result)
         return 0
-    existed = plan.out.exists()
+    existed, parent_existed = plan.out.exists(), plan.out.parent.exists()
     out = claim_out(plan.out, plan.overwrite, default=plan.default_out)
     try:
         with quiet_ray(out, args.verbose, uses_ray):
             _run_seeds(plan, args, out, simulate, replace)
     except ConfigError:
         if not existed or plan.default_out:
-            _remove_if_only_started(out)
+            _remove_if_only_started(out, parent_existed)
         raise
     return 0
 
@@ -188,13 +188,16 @@ def _run_seeds(plan: RunPlan, args: argparse.Namespace, out: Path, simulate, rep
 _STARTED_ONLY = {"config.json", RAY_LOG}
 
 
-def _remove_if_only_started(out: Path) -> None:
-    """Remove the folder ``out`` this command created, if it holds nothing but what a
-    run writes before its first round (no checkpoint, no row): a refused run leaves
-    nothing. A folder with any result is kept."""
+def _remove_if_only_started(out: Path, parent_existed: bool) -> None:
+    """Remove the folder ``out`` this command created (and its parent, if it created
+    that too and it is left empty), if it holds nothing but what a run writes before
+    its first round (no checkpoint, no row): a refused run leaves nothing. A folder with
+    any result is kept."""
     files = [p for p in out.rglob("*") if p.is_file()]
     if all(p.name in _STARTED_ONLY for p in files):
         shutil.rmtree(out, ignore_errors=True)
+        if not parent_existed and out.parent.is_dir() and not any(out.parent.iterdir()):
+            out.parent.rmdir()
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -585,3 +585,24 @@ def test_every_key_refuses_a_value_of_no_meaning(key, value, bare, capsys) -> No
     every integer key a word, every boolean key a non-boolean: one line naming it."""
     argv = ["config", "--set", f"{key}={value}"]
     _check_refusal(f"value {key}={value!r}", argv, [key], bare, capsys)
+
+
+@pytest.mark.parametrize("out", [None, "named"])
+def test_a_run_refused_after_its_folder_was_claimed_leaves_no_folder(
+    out, bare: Path, capsys, monkeypatch
+) -> None:
+    """A refusal that comes only once the folder is claimed (here: the executor's start,
+    e.g. a cluster gone between the check and the start) removes the folder the command
+    created, with its config.json and ray.log: a refused run leaves nothing."""
+    import engine.simulation.runner as runner
+    from engine.config import ConfigError
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("ray.address='x:1': no Ray cluster answers (simulated)")
+
+    monkeypatch.setattr(runner, "make_executor", refuse)
+    argv = ["run", "-q", "--executor", "local", *SMALL] + (["--out", out] if out else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dpfl: error: ray.address='x:1': no Ray cluster answers (simulated)"]
+    assert list(bare.iterdir()) == []  # no results/ (nor its parent), no named folder
