@@ -129,10 +129,12 @@ def check_flag_conflicts(args: argparse.Namespace) -> None:
             "(--config/--set) would be ignored; give one"
         )
     preset = any(k.startswith("preset.") for k in given)  # its rows are its variants
-    if command in ("compare", "tune") and "algorithm" in given and not preset:
-        spec = args.algorithms or "all"
-        names = [a.strip() for a in spec.split(",")]
-        if given["algorithm"] not in names and not (spec.strip() == "all" and command == "tune"):
+    resumed = bool(getattr(args, "resume", False)) and args.algorithms is None  # the record's
+    if command in ("compare", "tune") and "algorithm" in given and not (preset or resumed):
+        spec = args.algorithms or ("all" if command == "compare" else "dp_fedavg")
+        listed = [a.strip() for a in spec.split(",")]
+        every = spec.strip() == "all" and given["algorithm"] != "custom"  # the built-in ones
+        if not every and given["algorithm"] not in listed:
             raise ConfigError(
                 f"algorithm={given['algorithm']!r} (--config/--set): dpfl {command} runs the "
                 f"recipes of --algorithms ({spec}); add it there or drop the key"

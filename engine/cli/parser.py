@@ -1,4 +1,5 @@
-"""The ``dpfl`` argument parser and its value parsers, with no command behind them.
+"""The ``dpfl`` argument parser (its value checks: :mod:`engine.cli.values`), with no
+command behind them.
 
 :mod:`engine.cli.dispatch` runs the commands (it maps ``args.command`` to a handler);
 :mod:`engine.cli.submit` parses a job's ``dpfl ...`` entrypoint with the same parser to
@@ -10,7 +11,17 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import ConfigError
+from engine.cli.values import (  # noqa: F401 - parse_args, parse_* are imported from here
+    checked,
+    closest_flag,
+    name_list,
+    nonempty,
+    number_list,
+    parse_args,
+    parse_floats,
+    parse_seeds,
+    seed_list,
+)
 
 #: Metrics a Tune trial reports and ``dpfl tune`` can maximise. Only public ones (measured
 #: on the public evaluation set) unless ``--allow-nonprivate-metric``: selecting or
@@ -42,95 +53,8 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("argument ") and text.startswith(tuple(flag.split("/"))):
             message = text  # a value refused by its type names the flag itself
         if message.startswith("unrecognized arguments:"):
-            message += _closest_flag(self, message.split(":", 1)[1].split())
+            message += closest_flag(self, message.split(":", 1)[1].split())
         self.exit(2, f"dpfl: error: {message} (see {self.prog} --help)\n")
-
-
-def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, with unknown flags refused by the command's own parser
-    (its ``--help`` named, and the closest flag it knows suggested)."""
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
-            args.command
-        ]
-        sub.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args
-
-
-def _closest_flag(parser: argparse.ArgumentParser, given: list[str]) -> str:
-    """``; did you mean --x?`` for the first unknown flag close to one ``parser`` knows."""
-    import difflib
-
-    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-    for word in given:
-        if word.startswith("-"):
-            match = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6)
-            if match:
-                return f"; did you mean {match[0]}?"
-    return ""
-
-
-def _items(text: str, flag: str, example: str) -> list[str]:
-    """The comma-separated items of a list flag's value; ConfigError naming the flag for
-    an empty value or an empty item (``1,,2``: never silently skipped)."""
-    items = [x.strip() for x in text.split(",")]
-    if not text.strip() or any(not x for x in items):
-        what = "is empty" if not text.strip() else "has an empty item"
-        raise ConfigError(f"{flag}={text!r}: {what}; expected e.g. {example}")
-    return items
-
-
-def parse_seeds(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    items = _items(text, "--seeds", "0,1,2")
-    try:
-        seeds = [int(x) for x in items]
-    except ValueError:
-        seeds = []
-    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--seeds={text!r}: expected distinct integers >= 0, e.g. 0,1,2")
-    return seeds
-
-
-def parse_floats(text: str, flag: str) -> list[float]:
-    items = _items(text, flag, "1,4,8")
-    try:
-        return [float(x) for x in items]
-    except ValueError:
-        raise ConfigError(f"{flag}={text!r}: expected comma-separated numbers") from None
-
-
-def _checked(check, *args: str):  # noqa: ANN001, ANN202 - an argparse ``type``
-    """An argparse ``type`` that runs ``check(value, *args)`` and keeps the string:
-    argparse then refuses a bad value in one line naming the flag, before any work."""
-
-    def convert(value: str) -> str:
-        try:
-            check(value, *args)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return value
-
-    return convert
-
-
-def _nonempty(value: str, flag: str) -> None:
-    if not value.strip():
-        raise ConfigError(f"{flag}={value!r}: is empty; give a path or name")
-
-
-def _names(value: str, flag: str) -> None:
-    _items(value, flag, "all, or dp_fedavg,fedavg")
-
-
-def _floats(value: str, flag: str) -> None:
-    parse_floats(value, flag)
-
-
-def _seeds(value: str, flag: str) -> None:
-    parse_seeds(value)
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -138,7 +62,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         "--config",
         "-c",
         metavar="FILE",
-        type=_checked(_nonempty, "--config"),
+        type=checked(nonempty, "--config"),
         help="YAML file (a diff over the defaults)",
     )
     p.add_argument(
@@ -179,20 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--out",
         metavar="DIR",
-        type=_checked(_nonempty, "--out"),
+        type=checked(nonempty, "--out"),
         help="results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)",
     )
     run.add_argument(
         "--seeds",
         metavar="S1,S2,...",
-        type=_checked(_seeds, "--seeds"),
+        type=checked(seed_list, "--seeds"),
         help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
     )
     run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
     run.add_argument(
         "--resume",
         metavar="DIR",
-        type=_checked(_nonempty, "--resume"),
+        type=checked(nonempty, "--resume"),
         help="continue an interrupted run from its results folder",
     )
     run.add_argument(
@@ -241,14 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--algorithms",
         "-a",
         default=None,
-        type=_checked(_names, "--algorithms"),
+        type=checked(name_list, "--algorithms"),
         help="all, or a,b,c (default: all, or the preset's)",
     )
     _add_config_args(cmp_)
     cmp_.add_argument(
         "--epsilons",
         metavar="E1,E2,...",
-        type=_checked(_floats, "--epsilons"),
+        type=checked(number_list, "--epsilons"),
         help="run every algorithm at each target epsilon (DIR/eps<E>/...); table algorithm x eps",
     )
     cmp_.add_argument(
@@ -261,13 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument(
         "--out",
         metavar="DIR",
-        type=_checked(_nonempty, "--out"),
+        type=checked(nonempty, "--out"),
         help="folder (default results/<timestamp>-compare)",
     )
     cmp_.add_argument(
         "--seeds",
         metavar="S1,S2,...",
-        type=_checked(_seeds, "--seeds"),
+        type=checked(seed_list, "--seeds"),
         help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
         "the table shows mean ± std over seeds",
     )
@@ -281,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="DIR",
+        type=checked(nonempty, "--resume"),
         help="continue the comparison in DIR (or --out) with the settings it started with "
         "(compare.json; a flag given again must agree): finished runs are kept, interrupted "
         "ones continue from their checkpoints",
@@ -292,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         "-c",
         metavar="FILE",
-        type=_checked(_nonempty, "--config"),
+        type=checked(nonempty, "--config"),
         help="YAML: config diff plus an optional tune: section",
     )
     # Flags default to None: a --resume takes what the folder recorded (tuning.cli_settings)
@@ -300,20 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--algorithms",
         "-a",
         default=None,
-        type=_checked(_names, "--algorithms"),
+        type=checked(name_list, "--algorithms"),
         help="all, or a,b,c (default dp_fedavg)",
     )
     tu.add_argument(
         "--epsilons",
         default=None,
-        type=_checked(_floats, "--epsilons"),
+        type=checked(number_list, "--epsilons"),
         help="comma-separated per-trial budgets, e.g. 1,4,8 (default 4)",
     )
     tu.add_argument(
         "--total-epsilon",
         default=None,
         metavar="E1,E2,...",
-        type=_checked(_floats, "--total-epsilon"),
+        type=checked(number_list, "--total-epsilon"),
         help="comma-separated total budgets instead: the epsilon of publishing the selected "
         "trial including the search; each trial's noise is solved from it (tune.total_epsilon)",
     )
@@ -355,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument(
         "--out",
         metavar="DIR",
-        type=_checked(_nonempty, "--out"),
+        type=checked(nonempty, "--out"),
         help="experiment folder (default results/<timestamp>-tune)",
     )
     tu.add_argument(
@@ -364,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="DIR",
+        type=checked(nonempty, "--resume"),
         help="continue the experiment in DIR (or --out) with the settings it started with; "
         "a flag given again must agree",
     )
@@ -383,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
     rp.add_argument(
-        "dir", metavar="DIR", type=_checked(_nonempty, "DIR"), help="a dpfl tune output folder"
+        "dir", metavar="DIR", type=checked(nonempty, "DIR"), help="a dpfl tune output folder"
     )
     rp.add_argument("--metric", default="test_accuracy", help="a metric the trials were tuned for")
     rp.add_argument(
@@ -404,10 +330,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="docs/leaderboard.md: the protocol, the decision rule, the threat model.",
     )
     _add_config_args(lb)  # the YAML: a config diff plus a leaderboard: section
-    lb.add_argument("--methods", "-a", help="private recipes to rank, a,b,c (leaderboard.methods)")
-    lb.add_argument("--baseline", help="the method others are paired against (dp_fedavg)")
     lb.add_argument(
-        "--total-epsilon", metavar="E1,E2,...", help="total budgets (leaderboard.total_epsilons)"
+        "--methods",
+        "-a",
+        type=checked(name_list, "--methods"),
+        help="private recipes to rank, a,b,c (leaderboard.methods)",
+    )
+    lb.add_argument(
+        "--baseline",
+        type=checked(nonempty, "--baseline"),
+        help="the method others are paired against (dp_fedavg)",
+    )
+    lb.add_argument(
+        "--total-epsilon",
+        metavar="E1,E2,...",
+        type=checked(number_list, "--total-epsilon"),
+        help="total budgets (leaderboard.total_epsilons)",
     )
     lb.add_argument(
         "--trials", type=int, help="trials per cell (their mean under Papernot-Steinke)"
@@ -419,7 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the search is paid for (compose: every trial accounted)",
     )
     lb.add_argument(
-        "--out", metavar="DIR", help="a new folder (default results/<time>-leaderboard)"
+        "--out",
+        metavar="DIR",
+        type=checked(nonempty, "--out"),
+        help="a new folder (default results/<time>-leaderboard)",
     )
     lb.add_argument(
         "--resume",
@@ -427,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="DIR",
+        type=checked(nonempty, "--resume"),
         help="continue the leaderboard in DIR (or --out) with its settings: finished runs "
         "are kept, interrupted ones continue from their checkpoints",
     )
