@@ -74,9 +74,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 pass
         if number is None:
             raise ConfigError(f"{key}={value!r}: expected a number")
-        # NaN or infinite is no setting (privacy.epsilon's own check says what inf means)
-        if not math.isfinite(number) and key != "privacy.epsilon":
-            raise ConfigError(f"{key}={value!r}: must be a finite number")
+        # NaN is no setting, nor is infinity but where it means something
+        if math.isnan(number) or (math.isinf(number) and key not in INFINITE_OK):
+            if key != "privacy.epsilon":  # its own check says what NaN and inf mean
+                raise ConfigError(f"{key}={value!r}: must be a finite number")
         return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -96,6 +97,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         raise ConfigError(f"{key}={value!r}: expected a list of names")
     raise ConfigError(f"{key}: unsupported type {tp}")
 
+
+#: Float keys for which infinity means something: no clipping (``privacy.clip_norm``,
+#: with no noise: a non-private check), or a budget the key's own check refuses in words.
+INFINITE_OK = ("privacy.clip_norm", "privacy.epsilon")
 
 #: Keys that were renamed, with what to write instead (a one-line error, never a guess).
 RENAMED = {

@@ -275,7 +275,11 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["recipe.client_transforms", "empty item"],
     ),
     "run NaN learning rate": (["run", "--set", "local.lr=nan"], ["local.lr", "nan"]),
-    "run infinite clip": (["run", "--set", "privacy.clip_norm=inf"], ["privacy.clip_norm"]),
+    "run NaN clip": (["run", "--set", "privacy.clip_norm=nan"], ["privacy.clip_norm"]),
+    "run infinite clip with noise": (
+        ["run", "--set", "privacy.clip_norm=inf"],
+        ["privacy.clip_norm=inf", "noise_multiplier=0"],
+    ),
     "run negative synthetic alpha": (
         ["run", "--set", "dataset.synthetic_alpha=-1"],
         ["dataset.synthetic_alpha=-1.0"],
@@ -577,12 +581,14 @@ BAD_BY_TYPE = {"float": ["nan", "inf"], "str": [""], "int": ["x"], "bool": ["may
         (k, v)
         for k, t in sorted(KEYS.items())
         for v in BAD_BY_TYPE.get(t, [])
-        if not (k == "privacy.epsilon" and v == "inf")  # "run infinite budget" elsewhere
+        if not (k in ("privacy.epsilon", "privacy.clip_norm") and v == "inf")  # cases above
     ],
 )
 def test_every_key_refuses_a_value_of_no_meaning(key, value, bare, capsys) -> None:
-    """Every float key refuses NaN and infinity, every string key the empty string,
-    every integer key a word, every boolean key a non-boolean: one line naming it."""
+    """Every float key refuses NaN and infinity (but privacy.epsilon and
+    privacy.clip_norm, whose infinity the cases above cover), every string key the empty
+    string, every integer key a word, every boolean key a non-boolean: one line naming
+    it."""
     argv = ["config", "--set", f"{key}={value}"]
     _check_refusal(f"value {key}={value!r}", argv, [key], bare, capsys)
 
