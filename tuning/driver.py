@@ -68,6 +68,7 @@ def run_cell_in_driver(
     rounds: int,
     body,
     resume: bool,
+    errors: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Trials 0..n-1 of (algorithm, ε), one after another in this process; their
     statuses by trial id (``TERMINATED``, or ``ERROR`` after a retry, as Tune's
@@ -79,7 +80,8 @@ def run_cell_in_driver(
     experiment finds its trials: one whose file holds the last round's row is done;
     any other continues from its own checkpoint (none: from the start), and a
     checkpointed row that was never written is released from the checkpoint. A fresh
-    start removes the cell's rows and its trials' checkpoints first."""
+    start removes the cell's rows and its trials' checkpoints first. ``errors``, if
+    given, receives each failed trial's last error (``Type: message``)."""
     name = experiment_name(algorithm, epsilon)
     ids = cell_trial_ids(algorithm, epsilon, n_trials)
     start_cell(out, algorithm, epsilon, ids, resume)
@@ -93,6 +95,8 @@ def run_cell_in_driver(
             try:
                 body({"sample": k}, trial_id, f"{name}-{trial_id}", lambda metrics: None)
                 statuses[trial_id] = "TERMINATED"
+                if errors is not None:
+                    errors.pop(trial_id, None)
                 break
             except Exception as err:  # noqa: BLE001 - reported like a Tune trial error
                 if isinstance(err, OSError) and err.errno in STOPPING_ERRNOS:
@@ -100,5 +104,7 @@ def run_cell_in_driver(
                     # CLI prints one line naming the file); --resume continues it
                     raise
                 statuses[trial_id] = "ERROR"
+                if errors is not None:
+                    errors[trial_id] = f"{type(err).__name__}: {err}"
                 report_failure(name, trial_id, attempt, f"{type(err).__name__}: {err}")
     return statuses

@@ -154,13 +154,18 @@ def run_tune(
                 f"--runner {runner}: the experiment in {str(out)!r} ran with --runner "
                 f"{before}; resume it with --runner {before}"
             )
-    if runner == "tune":
-        from ray import tune
     if num_samples < 1:
         raise ConfigError(f"--num-samples={num_samples}: must be >= 1")
     if not epsilons or any(e <= 0 for e in epsilons):
         raise ConfigError(f"--epsilons={epsilons}: each must be > 0")
     spaces = {a: space_for(a, tune_section.get("space"), config.recipe) for a in algorithms}
+    for a in algorithms:  # nothing to search: every trial would be the same run
+        if not spaces[a] and (num_samples > 1 or tuning_privacy != "compose"):
+            raise ConfigError(
+                f"tune.space: the search space of {a} is empty (every key null), so its "
+                f"trials would repeat one run, each accounted as a cost of tuning; search "
+                "at least one key, or run the one configuration (--num-samples 1)"
+            )
     try:
         for a in algorithms:
             selection.check_mode(
@@ -230,6 +235,8 @@ def run_tune(
             secure=bool(config.privacy.secure_noise),
         )
     head = float(tune_section.get("head_cpus", HEAD_CPUS))
+    if runner == "tune":  # once every check has passed (a refusal need not wait for it)
+        from ray import tune
     if runner == "tune" or config.ray.executor == "ray":
         ensure_ray(config.ray, extra_cpus=head)
     if runner == "tune":
@@ -270,6 +277,7 @@ def run_tune(
 
     every = int(tune_section.get("checkpoint_every", 1))
     statuses: dict[str, str] = {}
+    errors: dict[str, str] = {}  # a failed trial's error, for the failure line
     columns: dict[str, str] = {}
     for a in algorithms:
         names = column_names(list(spaces[a]))
@@ -332,7 +340,9 @@ def run_tune(
         procs = tune_section.get("trial_processes") or default_processes(
             config.ray.num_cpus_per_worker, sum(c.n_trials for c in cells)
         )
-        statuses.update(run_cells_in_processes(out, cells, config.rounds, resume, procs))
+        statuses.update(
+            run_cells_in_processes(out, cells, config.rounds, resume, procs, errors=errors)
+        )
     for a in algorithms if runner != "processes" else []:
         for e in epsilons:
             name = experiment_name(a, e)
@@ -348,7 +358,7 @@ def run_tune(
                     config.to_dict(), a, e, str(out), columns, spaces[a], noise_for(name)
                 )
                 statuses.update(
-                    run_cell_in_driver(out, a, e, n_trials, config.rounds, body, resume)
+                    run_cell_in_driver(out, a, e, n_trials, config.rounds, body, resume, errors)
                 )
                 compact_cell(out, a, e)
                 dt = time.perf_counter() - t0
@@ -414,6 +424,8 @@ def run_tune(
                     "-", 1
                 )[-1]
                 statuses[tid] = "ERROR" if result.error else "TERMINATED"
+                if result.error:
+                    errors[tid] = _trial_error(result.error)
             compact_cell(out, a, e)  # stopped or failed trials: one file each too
             print(f"{name}: {len(grid)} trials in {time.perf_counter() - t0:.1f} s", flush=True)
     trials = trials_table(out, statuses, metric)
@@ -431,4 +443,38 @@ def run_tune(
         ]
     trials = mark_released(trials, metric, tuning_privacy, num_samples, tnb_shape)
     write_trials(out, trials)
+    # Every trial that failed, with its error (one may have no row in the table):
+    # dpfl tune exits non-zero on them (failed_trials_line).
+    trials.attrs["failed"] = {
+        t: errors.get(t, "no error reported") for t, s in statuses.items() if s == "ERROR"
+    }
     return trials
+
+
+def _trial_error(err: BaseException) -> str:
+    """``Type: message`` of a trial's error, the original one inside Ray's wrapper
+    (``RayTaskError.cause``), without terminal colours."""
+    import re
+
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException):
+        err = cause
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
+def failed_trials_line(trials: pd.DataFrame, out: str | Path) -> str | None:
+    """One line naming the failed trials of a sweep (``run_tune``'s table) and why, and
+    how to continue it; None when every trial finished."""
+    failed: dict[str, str] = trials.attrs.get("failed", {})
+    if not failed:
+        return None
+    shown = "; ".join(
+        f"{t}: {' '.join(why.split())[:200]}" for t, why in sorted(failed.items())[:3]
+    )
+    more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+    return (
+        f"{len(failed)} trial(s) failed ({shown}{more}); the other trials are in "
+        f"{out}/trials.parquet; continue the sweep with dpfl tune --resume --out {out} "
+        "and the same flags"
+    )

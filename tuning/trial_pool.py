@@ -160,10 +160,12 @@ def run_cells_in_processes(
     resume: bool,
     processes: int,
     start_method: str | None = None,
+    errors: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Every trial of ``cells`` in a pool of ``processes`` processes; the statuses by
     trial id (``TERMINATED``, or ``ERROR`` after one retry). Each cell's rows are
-    compacted once its trials have ended; prints one line per cell."""
+    compacted once its trials have ended; prints one line per cell. ``errors``, if
+    given, receives each failed trial's last error (``Type: message``)."""
     todo: list[TrialTask] = []
     left: dict[int, int] = {}  # cell position -> trials not yet ended
     statuses: dict[str, str] = {}
@@ -215,6 +217,8 @@ def run_cells_in_processes(
                     attempt = attempts.get(task.trial_id, 0)
                     if status == "ERROR":
                         report_failure(name, task.trial_id, attempt, why)
+                        if errors is not None:
+                            errors[task.trial_id] = why
                         attempts[task.trial_id] = attempt + 1
                         if attempt == 0:  # once more, as Tune's max_failures=1
                             if isinstance(future.exception(), BrokenProcessPool):

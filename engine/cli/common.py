@@ -19,8 +19,25 @@ from engine.cli.parser import RAY_LOG
 from engine.config import ConfigError, RunConfig, load_config
 from engine.runtime.switches import LOG_TO_DRIVER_ENV
 
-#: The keys that promise privacy; a non-private recipe given one is an error.
-PRIVACY_PROMISES = ("privacy.epsilon", "privacy.noise_multiplier", "privacy.delta")
+
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+def _on(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+#: The keys (and the values) that promise privacy or a privacy measurement; a
+#: non-private recipe, which would ignore them, given one is an error.
+PRIVACY_PROMISES: dict[str, Any] = {
+    "privacy.epsilon": _set,
+    "privacy.noise_multiplier": _set,
+    "privacy.delta": _set,
+    "privacy.secure_noise": _on,  # release mode
+    "privacy.clip_mode": lambda v: str(v).strip() == "adaptive",
+    "eval.audit_canaries": lambda v: v is not None and str(v).strip() not in ("0", ""),
+}
 
 
 def given_keys(path: str | None, overrides: list[str]) -> dict[str, Any]:
@@ -61,8 +78,8 @@ def check_private(
     if any(a not in non_private(recipe_private) for a in algorithms):
         return
     given = given_keys(args.config, args.set)
-    for key in PRIVACY_PROMISES:
-        if given.get(key) is not None:
+    for key, promises in PRIVACY_PROMISES.items():
+        if key in given and promises(given[key]):
             which = (
                 f"algorithm={algorithms[0]} is"
                 if len(algorithms) == 1
@@ -72,6 +89,63 @@ def check_private(
                 f"{key}={given[key]!r}: {which} not private and would ignore it; "
                 "drop the key or choose a private algorithm (dpfl algorithms)"
             )
+
+
+def check_flag_conflicts(args: argparse.Namespace) -> None:
+    """Two sources of one setting on the command line, or a config key the command
+    never reads: a one-line error naming both, never a silent choice.
+
+    A flag beside ``--set``/``--config`` giving the same setting another value
+    (``--out A --set out=B``, ``--executor`` and ``ray.executor``, ``--seeds`` and
+    ``seed``); for ``compare`` and ``tune``, which write under ``--out`` and run the
+    recipes of ``--algorithms``, an ``out`` key, or an ``algorithm`` they do not run;
+    for ``tune`` (and ``compare --epsilons``), which set each run's budget themselves,
+    ``privacy.epsilon`` or ``privacy.noise_multiplier``."""
+    command = getattr(args, "command", None)
+    if command not in ("run", "compare", "tune") or (command == "run" and args.resume):
+        return  # run --resume refuses --config/--set itself
+    given = given_keys(args.config, args.set)
+    if not given:
+        return
+    out = given.get("out")
+    if "out" in given and command != "run":
+        raise ConfigError(
+            f"out={out!r}: dpfl {command} writes under --out DIR; drop the key and give "
+            "--out instead"
+        )
+    if out is not None and getattr(args, "out", None) and str(out) != str(args.out):
+        raise ConfigError(
+            f"--out={args.out!r} and out={out!r} (--config/--set) name two folders; give one"
+        )
+    executor = given.get("ray.executor")
+    if getattr(args, "executor", None) and executor is not None and executor != args.executor:
+        raise ConfigError(
+            f"--executor={args.executor} and ray.executor={executor!r} (--config/--set) "
+            "disagree; give one"
+        )
+    if getattr(args, "seeds", None) and "seed" in given:
+        raise ConfigError(
+            f"--seeds={args.seeds!r} runs each of its seeds, and seed={given['seed']!r} "
+            "(--config/--set) would be ignored; give one"
+        )
+    preset = any(k.startswith("preset.") for k in given)  # its rows are its variants
+    resumed = bool(getattr(args, "resume", False)) and args.algorithms is None  # the record's
+    if command in ("compare", "tune") and "algorithm" in given and not (preset or resumed):
+        spec = args.algorithms or ("all" if command == "compare" else "dp_fedavg")
+        listed = [a.strip() for a in spec.split(",")]
+        every = spec.strip() == "all" and given["algorithm"] != "custom"  # the built-in ones
+        if not every and given["algorithm"] not in listed:
+            raise ConfigError(
+                f"algorithm={given['algorithm']!r} (--config/--set): dpfl {command} runs the "
+                f"recipes of --algorithms ({spec}); add it there or drop the key"
+            )
+    if command == "tune" or (command == "compare" and args.epsilons):
+        for key in ("privacy.epsilon", "privacy.noise_multiplier"):
+            if given.get(key) is not None:
+                raise ConfigError(
+                    f"{key}={given[key]!r} (--config/--set): dpfl {command} sets each run's "
+                    "budget from --epsilons (sigma is calibrated from it); drop the key"
+                )
 
 
 def default_out(name: str) -> Path:
@@ -85,10 +159,31 @@ def _holds_results(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
+def check_writable(path: Path, flag: str) -> None:
+    """The folder ``path`` can be created (or written, if it exists): no file on its
+    way, and its nearest existing folder writable (not a read-only file system, not
+    forbidden); checked before any work, so that a run is not refused after it."""
+    for folder in (path, *path.parents):
+        if not folder.exists():
+            continue
+        if not folder.is_dir():
+            where = "is a file" if folder == path else f"{folder} is a file"
+            raise ConfigError(f"{flag}={str(path)!r}: {where}, not a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+            why = "is on a read-only file system" if read_only else "is not writable"
+            raise ConfigError(
+                f"{flag}={str(path)!r}: {folder} {why}; choose another folder"
+                + ("" if read_only else " or fix its permissions")
+            )
+        return
+
+
 def check_out(path: Path, flag: str, overwrite: bool, resume: str | None = None) -> None:
     """An existing results folder is kept unless --overwrite; checked before any work."""
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag}={str(path)!r}: is a file, not a folder")
+    check_writable(path, flag)
     if _holds_results(path) and not overwrite:
         how = f"{resume} to continue it, or --overwrite" if resume else "--overwrite"
         raise ConfigError(

@@ -11,9 +11,11 @@ import sys
 import warnings
 from pathlib import Path
 
+from engine.base.errors import RunFailed
+from engine.cli.common import check_flag_conflicts
 from engine.cli.compare import compare_command
 from engine.cli.info import algorithms_command, config_command
-from engine.cli.parser import COMMANDS, build_parser
+from engine.cli.parser import COMMANDS, build_parser, parse_args
 from engine.cli.privacy import privacy_command
 from engine.cli.run import run_command
 from engine.cli.tune import leaderboard_command, report_command, tune_command
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     timeline.mark("main")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not hasattr(warnings, "_formatwarning_orig"):
         warnings._formatwarning_orig = warnings.formatwarning  # type: ignore[attr-defined]
     quiet_before = os.environ.get(QUIET_ENV)
@@ -134,12 +136,16 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("default")
             warnings.formatwarning = _format_warning
             try:
+                check_flag_conflicts(args)
                 return int(HANDLERS[args.command](args))
             finally:
                 warnings.formatwarning = warnings._formatwarning_orig  # type: ignore[attr-defined]
     except ConfigError as e:
         print(f"dpfl: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:  # it ran, and part of it failed: said in one line
+        print(f"dpfl: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         line = _os_error(e, args)
         if line is None:

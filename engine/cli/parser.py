@@ -1,4 +1,5 @@
-"""The ``dpfl`` argument parser and its value parsers, with no command behind them.
+"""The ``dpfl`` argument parser (its value checks: :mod:`engine.cli.values`), with no
+command behind them.
 
 :mod:`engine.cli.dispatch` runs the commands (it maps ``args.command`` to a handler);
 :mod:`engine.cli.submit` parses a job's ``dpfl ...`` entrypoint with the same parser to
@@ -10,7 +11,17 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import ConfigError
+from engine.cli.values import (  # noqa: F401 - parse_args, parse_* are imported from here
+    checked,
+    closest_flag,
+    name_list,
+    nonempty,
+    number_list,
+    parse_args,
+    parse_floats,
+    parse_seeds,
+    seed_list,
+)
 
 #: Metrics a Tune trial reports and ``dpfl tune`` can maximise. Only public ones (measured
 #: on the public evaluation set) unless ``--allow-nonprivate-metric``: selecting or
@@ -33,33 +44,27 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with dpfl's error contract: one line, exit 2."""
+    """argparse with dpfl's error contract: one line, exit 2 (an unknown flag names the
+    closest known one)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())  # argparse's messages may span lines
+        flag, _, text = message.removeprefix("argument ").partition(": ")
+        if message.startswith("argument ") and text.startswith(tuple(flag.split("/"))):
+            message = text  # a value refused by its type names the flag itself
+        if message.startswith("unrecognized arguments:"):
+            message += closest_flag(self, message.split(":", 1)[1].split())
         self.exit(2, f"dpfl: error: {message} (see {self.prog} --help)\n")
 
 
-def parse_seeds(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--seeds={text!r}: expected distinct integers >= 0, e.g. 0,1,2")
-    return seeds
-
-
-def parse_floats(text: str, flag: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}={text!r}: expected comma-separated numbers") from None
-
-
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML file (a diff over the defaults)")
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="FILE",
+        type=checked(nonempty, "--config"),
+        help="YAML file (a diff over the defaults)",
+    )
     p.add_argument(
         "--set",
         "-s",
@@ -98,16 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--out",
         metavar="DIR",
+        type=checked(nonempty, "--out"),
         help="results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)",
     )
     run.add_argument(
         "--seeds",
         metavar="S1,S2,...",
+        type=checked(seed_list, "--seeds"),
         help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
     )
     run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
     run.add_argument(
-        "--resume", metavar="DIR", help="continue an interrupted run from its results folder"
+        "--resume",
+        metavar="DIR",
+        type=checked(nonempty, "--resume"),
+        help="continue an interrupted run from its results folder",
     )
     run.add_argument(
         "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
@@ -152,12 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp_ = sub.add_parser("compare", help="run several algorithms at one budget; one table")
     cmp_.add_argument(
-        "--algorithms", "-a", default=None, help="all, or a,b,c (default: all, or the preset's)"
+        "--algorithms",
+        "-a",
+        default=None,
+        type=checked(name_list, "--algorithms"),
+        help="all, or a,b,c (default: all, or the preset's)",
     )
     _add_config_args(cmp_)
     cmp_.add_argument(
         "--epsilons",
         metavar="E1,E2,...",
+        type=checked(number_list, "--epsilons"),
         help="run every algorithm at each target epsilon (DIR/eps<E>/...); table algorithm x eps",
     )
     cmp_.add_argument(
@@ -167,10 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a preset --config (experiments/*.yaml): the paper's setting (default), "
         "the CPU scale on the offline digits data, or the real scale (Fashion-MNIST)",
     )
-    cmp_.add_argument("--out", metavar="DIR", help="folder (default results/<timestamp>-compare)")
+    cmp_.add_argument(
+        "--out",
+        metavar="DIR",
+        type=checked(nonempty, "--out"),
+        help="folder (default results/<timestamp>-compare)",
+    )
     cmp_.add_argument(
         "--seeds",
         metavar="S1,S2,...",
+        type=checked(seed_list, "--seeds"),
         help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
         "the table shows mean ± std over seeds",
     )
@@ -184,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="DIR",
+        type=checked(nonempty, "--resume"),
         help="continue the comparison in DIR (or --out) with the settings it started with "
         "(compare.json; a flag given again must agree): finished runs are kept, interrupted "
         "ones continue from their checkpoints",
@@ -192,17 +214,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="hyperparameter search at fixed budgets (Ray Tune)")
     tu.add_argument(
-        "--config", "-c", metavar="FILE", help="YAML: config diff plus an optional tune: section"
+        "--config",
+        "-c",
+        metavar="FILE",
+        type=checked(nonempty, "--config"),
+        help="YAML: config diff plus an optional tune: section",
     )
     # Flags default to None: a --resume takes what the folder recorded (tuning.cli_settings)
-    tu.add_argument("--algorithms", "-a", default=None, help="all, or a,b,c (default dp_fedavg)")
     tu.add_argument(
-        "--epsilons", default=None, help="comma-separated per-trial budgets, e.g. 1,4,8 (default 4)"
+        "--algorithms",
+        "-a",
+        default=None,
+        type=checked(name_list, "--algorithms"),
+        help="all, or a,b,c (default dp_fedavg)",
+    )
+    tu.add_argument(
+        "--epsilons",
+        default=None,
+        type=checked(number_list, "--epsilons"),
+        help="comma-separated per-trial budgets, e.g. 1,4,8 (default 4)",
     )
     tu.add_argument(
         "--total-epsilon",
         default=None,
         metavar="E1,E2,...",
+        type=checked(number_list, "--total-epsilon"),
         help="comma-separated total budgets instead: the epsilon of publishing the selected "
         "trial including the search; each trial's noise is solved from it (tune.total_epsilon)",
     )
@@ -243,7 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="let --metric be a *_nonprivate metric (selection then leaks clients' data)",
     )
     tu.add_argument(
-        "--out", metavar="DIR", help="experiment folder (default results/<timestamp>-tune)"
+        "--out",
+        metavar="DIR",
+        type=checked(nonempty, "--out"),
+        help="experiment folder (default results/<timestamp>-tune)",
     )
     tu.add_argument(
         "--resume",
@@ -251,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="DIR",
+        type=checked(nonempty, "--resume"),
         help="continue the experiment in DIR (or --out) with the settings it started with; "
         "a flag given again must agree",
     )
@@ -269,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     rp = sub.add_parser("report", help="best configuration per (algorithm, eps), plots")
-    rp.add_argument("dir", metavar="DIR", help="a dpfl tune output folder")
+    rp.add_argument(
+        "dir", metavar="DIR", type=checked(nonempty, "DIR"), help="a dpfl tune output folder"
+    )
     rp.add_argument("--metric", default="test_accuracy", help="a metric the trials were tuned for")
     rp.add_argument(
         "--watch",
@@ -289,10 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="docs/leaderboard.md: the protocol, the decision rule, the threat model.",
     )
     _add_config_args(lb)  # the YAML: a config diff plus a leaderboard: section
-    lb.add_argument("--methods", "-a", help="private recipes to rank, a,b,c (leaderboard.methods)")
-    lb.add_argument("--baseline", help="the method others are paired against (dp_fedavg)")
     lb.add_argument(
-        "--total-epsilon", metavar="E1,E2,...", help="total budgets (leaderboard.total_epsilons)"
+        "--methods",
+        "-a",
+        type=checked(name_list, "--methods"),
+        help="private recipes to rank, a,b,c (leaderboard.methods)",
+    )
+    lb.add_argument(
+        "--baseline",
+        type=checked(nonempty, "--baseline"),
+        help="the method others are paired against (dp_fedavg)",
+    )
+    lb.add_argument(
+        "--total-epsilon",
+        metavar="E1,E2,...",
+        type=checked(number_list, "--total-epsilon"),
+        help="total budgets (leaderboard.total_epsilons)",
     )
     lb.add_argument(
         "--trials", type=int, help="trials per cell (their mean under Papernot-Steinke)"
@@ -304,7 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the search is paid for (compose: every trial accounted)",
     )
     lb.add_argument(
-        "--out", metavar="DIR", help="a new folder (default results/<time>-leaderboard)"
+        "--out",
+        metavar="DIR",
+        type=checked(nonempty, "--out"),
+        help="a new folder (default results/<time>-leaderboard)",
     )
     lb.add_argument(
         "--resume",
@@ -312,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="DIR",
+        type=checked(nonempty, "--resume"),
         help="continue the leaderboard in DIR (or --out) with its settings: finished runs "
         "are kept, interrupted ones continue from their checkpoints",
     )

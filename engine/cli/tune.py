@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.base.errors import RunFailed
 from engine.cli.common import check_out, claim_out, default_out, quiet_ray, shutdown_ray
 from engine.cli.parser import RAY_LOG, parse_floats
 from engine.config import ConfigError
@@ -225,6 +226,11 @@ def tune_command(args: argparse.Namespace) -> int:
         f"results: {out} (each trial's epsilon excludes hyperparameter selection; "
         f"dpfl report {out} gives the cost of releasing the best trial)"
     )
+    from tuning.experiment import failed_trials_line
+
+    failed = failed_trials_line(trials, out)
+    if failed is not None:  # a sweep with failed trials exits non-zero (status 1)
+        raise RunFailed(failed)
     return 0
 
 

@@ -8,8 +8,10 @@ field's annotation and an unknown or renamed key is a one-line :class:`ConfigErr
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -62,26 +64,43 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}={value!r}: expected a number")
+        number: float | None = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}={value!r}: expected a number")
+        if number is None:
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        # NaN is no setting, nor is infinity but where it means something
+        if math.isnan(number) or (math.isinf(number) and key not in INFINITE_OK):
+            if key != "privacy.epsilon":  # its own check says what NaN and inf mean
+                raise ConfigError(f"{key}={value!r}: must be a finite number")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            if not str(value).strip():  # never read as "unset": say so
+                raise ConfigError(f"{key}={value!r}: is empty; give a value (or null)")
             return str(value)
         raise ConfigError(f"{key}={value!r}: expected a string")
     if origin is tuple:  # tuple[str, ...]: a YAML list, or a comma-separated string
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            if not value.strip():
+                raise ConfigError(f"{key}={value!r}: is empty; write [] for an empty list")
+            value = [v.strip() for v in value.split(",")]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
+            if any(not v.strip() for v in value):
+                raise ConfigError(f"{key}={value!r}: has an empty item")
+            return tuple(v.strip() for v in value)
         raise ConfigError(f"{key}={value!r}: expected a list of names")
     raise ConfigError(f"{key}: unsupported type {tp}")
 
+
+#: Float keys for which infinity means something: no clipping (``privacy.clip_norm``,
+#: with no noise: a non-private check), or a budget the key's own check refuses in words.
+INFINITE_OK = ("privacy.clip_norm", "privacy.epsilon")
 
 #: Keys that were renamed, with what to write instead (a one-line error, never a guess).
 RENAMED = {
@@ -103,7 +122,11 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         if k not in known:
             if key in RENAMED:
                 raise ConfigError(f"{key}: renamed; {RENAMED[key]}")
-            raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(known))})")
+            close = difflib.get_close_matches(str(k), sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            raise ConfigError(
+                f"{key}: unknown config key ({hint}known: {', '.join(sorted(known))})"
+            )
         tp = algo_config_class() if cls is RunConfig and k == "algo" else hints[k]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[k] = _build(tp, v, f"{key}.")
@@ -116,6 +139,8 @@ def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``tree``'s entry at the dotted key ``a.b.c`` to ``value``, making the missing
     sections; ConfigError when a part of the path is a value, not a section."""
     parts = dotted.split(".")
+    if any(not p.strip() for p in parts):
+        raise ConfigError(f"--set {dotted}=...: the key {dotted!r} has an empty part")
     node = tree
     for p in parts[:-1]:
         node = node.setdefault(p, {})
@@ -140,9 +165,20 @@ def parse_override(item: str) -> tuple[str, Any]:
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file; ConfigError naming ``--config`` otherwise."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"--config {str(p)!r}: is a folder, not a YAML file")
     if not p.is_file():
         raise ConfigError(f"--config {str(p)!r}: no such file")
-    loaded = yaml.safe_load(p.read_text()) or {}
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"--config {str(p)!r}: not UTF-8 text (byte {raw[e.start]:#04x} on line {line}); "
+            "save the file as UTF-8"
+        ) from None
+    loaded = yaml.safe_load(text) or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"--config {str(p)!r}: expected a YAML mapping at top level")
     return loaded

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,13 @@ class RunConfig:
             )
         if self.is_private:
             p = self.privacy
+            _check(
+                math.isfinite(p.clip_norm) or p.noise_multiplier == 0,
+                "privacy.clip_norm",
+                p.clip_norm,
+                "no clipping bounds no sensitivity, so the noise z·C would be infinite; give "
+                "a finite clip norm (infinity only with privacy.noise_multiplier=0)",
+            )
             given = (p.epsilon is not None) + (p.noise_multiplier is not None)
             _check(
                 given == 1,

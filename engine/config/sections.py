@@ -121,6 +121,9 @@ class DatasetConfig:
             self.synthetic_model,
             "must be shared or per_client",
         )
+        for key in ("synthetic_alpha", "synthetic_beta"):
+            value = getattr(self, key)
+            _check(value >= 0, f"dataset.{key}", value, "must be >= 0 (a variance scale)")
         _check(
             self.synthetic_mean_samples >= 4,
             "dataset.synthetic_mean_samples",

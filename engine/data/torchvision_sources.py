@@ -188,6 +188,18 @@ def check_torchvision_files(name: str, root: str | None, emnist_split: str = "by
         raise DatasetFilesMissing(msg)
 
 
+def source_files(name: str, root: str | None, emnist_split: str = "byclass") -> list[str]:
+    """The paths of ``name``'s files under ``root`` (each file's own path, or its ``.gz``
+    twin where one is allowed and present), in :func:`_layout`'s order; empty when
+    ``root`` is unset. For checks that read the files' first bytes."""
+    _validate(name, emnist_split)
+    root = default_root(name, root)
+    if root is None:
+        return []
+    folder, files, fmt = _layout(name, root, emnist_split)
+    return [_existing(folder, f, fmt == _IDX_FORMAT) or os.path.join(folder, f) for f in files]
+
+
 def default_root(name: str, root: str | None) -> str | None:
     """``root`` with ``~`` expanded; for ``fashion_mnist`` a null root is
     :data:`FASHION_MNIST_ROOT` (where Debian's package installs the files)."""

@@ -1,8 +1,10 @@
 """What ``dpfl run --resume DIR`` continues from, checked before anything is written.
 
 A run's folder holds ``config.json`` (the resolved config), ``checkpoint.pkl`` (the
-state after round d, with round d's row) and ``rounds.parquet`` (the released rows,
-one per round). :func:`check_run_folder` reads all three and decides:
+state after round d, with round d's row), ``checkpoint.previous.pkl`` (the state after
+round d − 1: the last checkpoint, kept before the next one replaced it) and
+``rounds.parquet`` (the released rows, one per round). :func:`check_run_folder` reads
+them and decides:
 
 * ``complete``: the checkpoint is at the last round and every row is on disk;
   nothing is left to do and nothing is rewritten;
@@ -12,6 +14,14 @@ one per round). :func:`check_run_folder` reads all three and decides:
   (algorithm, seed) and the row of round d with the checkpoint's copy;
 * ``start``: neither a checkpoint nor any row exists (the run died before its first
   round ended): it starts from round 0 in the same folder, as it would have run.
+
+A damaged or missing ``checkpoint.pkl`` is replaced by the previous checkpoint when
+that one is intact: the run continues from round d − 1 as above. Round d may then have
+been released already (its row written after its checkpoint); a seeded simulation
+computes it again bit for bit (the same cohort, the same noise; the resume checks the
+row it computes against the released one), so it is continued; under
+``privacy.secure_noise`` a second computation would draw fresh noise, a second release
+of round d that the accountant never composed, so it is refused.
 
 Anything else is refused with one line naming the damaged or missing file and what
 is left to do, before a byte is written. In particular a resume never continues
@@ -35,6 +45,8 @@ from engine.config import ConfigError, RunConfig
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_FILE = "checkpoint.pkl"
+#: The checkpoint before the last, kept beside it (engine.simulation.checkpoint).
+PREVIOUS_CHECKPOINT_FILE = "checkpoint.previous.pkl"
 ROUNDS_FILE = "rounds.parquet"
 #: Columns of the checkpoint's row compared with the row of its round on disk.
 AGREEING = ("round", "epsilon", "noise_multiplier", "test_accuracy", "test_loss")
@@ -49,6 +61,8 @@ class RunFolder:
     state: dict | None  # the checkpoint (None for "start")
     rows: pd.DataFrame  # the released rows on disk, rounds 1..m in order
     rounds_done: int  # the checkpoint's round (0 for "start")
+    #: why checkpoint.pkl was not used and the previous checkpoint was (else None)
+    fallback: str | None = None
 
 
 def _refuse(out: Path, what: str, left: str) -> ConfigError:
@@ -89,22 +103,45 @@ def _read_config(out: Path, restart: str) -> RunConfig:
     return replace(config, out=str(out))
 
 
-def _read_checkpoint(out: Path, config: RunConfig, restart: str) -> dict | None:
-    path = out / CHECKPOINT_FILE
+def _load_checkpoint(path: Path, config: RunConfig) -> tuple[dict | None, str | None]:
+    """(state, None) for a readable checkpoint; (None, what is wrong) otherwise."""
     if not path.exists():
-        return None
+        return None, f"{path} is missing"
     try:
         state = pickle.loads(path.read_bytes())
         done = int(state["server"]["rounds_done"])
     except Exception as e:  # noqa: BLE001 - any unreadable pickle is a damaged file
-        raise _refuse(out, f"{path} is damaged ({_why(e)})", restart) from None
+        return None, f"{path} is damaged ({_why(e)})"
     if not 1 <= done <= config.rounds:
+        return None, (
+            f"{path} is at round {done}, outside rounds=1..{config.rounds} of {CONFIG_FILE}"
+        )
+    return state, None
+
+
+def _read_checkpoint(
+    out: Path, config: RunConfig, restart: str, released: int
+) -> tuple[dict | None, str | None]:
+    """The state to continue from and, when it is the previous checkpoint, why the
+    last one was not used. ``released``: the rounds on disk."""
+    last, wrong = _load_checkpoint(out / CHECKPOINT_FILE, config)
+    if last is not None:
+        return last, None
+    previous, _ = _load_checkpoint(out / PREVIOUS_CHECKPOINT_FILE, config)
+    if previous is None:
+        if not (out / CHECKPOINT_FILE).exists():
+            return None, None  # no round ended (or nothing left to continue from)
+        raise _refuse(out, str(wrong), restart)
+    done = int(previous["server"]["rounds_done"])
+    if released > done and config.privacy.secure_noise:
         raise _refuse(
             out,
-            f"{path} is at round {done}, outside rounds=1..{config.rounds} of {CONFIG_FILE}",
+            f"{wrong}, and {out / PREVIOUS_CHECKPOINT_FILE} is at round {done}, before the "
+            f"released round {done + 1}, which release mode (privacy.secure_noise) cannot "
+            "compute again without a second release",
             restart,
         )
-    return state
+    return previous, f"{wrong}; continuing from {out / PREVIOUS_CHECKPOINT_FILE} (round {done})"
 
 
 def _read_rows(out: Path, restart: str) -> pd.DataFrame | None:
@@ -143,10 +180,10 @@ def check_run_folder(out: str | Path, restart: str | None = None) -> RunFolder:
     if not out.is_dir():
         raise ConfigError(f"--resume {out}: no such folder")
     config = _read_config(out, restart)
-    state = _read_checkpoint(out, config, restart)
     rows = _read_rows(out, restart)
     m = 0 if rows is None else len(rows)
-    ckpt = out / CHECKPOINT_FILE
+    state, fallback = _read_checkpoint(out, config, restart, m)
+    ckpt = out / (CHECKPOINT_FILE if fallback is None else PREVIOUS_CHECKPOINT_FILE)
     if state is None:
         if m == 0:
             return RunFolder(config, "start", None, pd.DataFrame(), 0)
@@ -158,7 +195,9 @@ def check_run_folder(out: str | Path, restart: str | None = None) -> RunFolder:
         )
     done = int(state["server"]["rounds_done"])
     assert rows is not None or m == 0
-    if m > done:
+    # From the previous checkpoint, round done + 1 may have been released: a seeded
+    # run computes it again bit for bit (checked against the released row).
+    if m > done + (fallback is not None):
         raise _refuse(
             out,
             f"{out / ROUNDS_FILE} holds {m} rounds but {ckpt} is at round {done} "
@@ -183,8 +222,8 @@ def check_run_folder(out: str | Path, restart: str | None = None) -> RunFolder:
                     f"{want!r} as in {CONFIG_FILE})",
                     restart,
                 )
-        if m == done and pending is not None:
-            last = rows.iloc[-1]
+        if m >= done and pending is not None:
+            last = rows.iloc[done - 1]
             for col in AGREEING:
                 if col in rows and col in pending and not _same(last[col], pending[col]):
                     raise _refuse(
@@ -195,4 +234,4 @@ def check_run_folder(out: str | Path, restart: str | None = None) -> RunFolder:
                     )
     status = "complete" if done == config.rounds and m == done else "continue"
     frame = rows if rows is not None else pd.DataFrame()
-    return RunFolder(config, status, state, frame, done)
+    return RunFolder(config, status, state, frame, done, fallback)

@@ -1,17 +1,14 @@
 """Starting Ray: :func:`ensure_ray`, the one place dpfl starts or attaches to Ray, and
-:func:`start_ray_early`, which begins that start in a background thread so that it
-overlaps the driver's own start (importing torch, calibrating σ, building the data
-and the model) instead of following it.
+:func:`check_ray_start`, which checks beforehand what ``ray.init`` would refuse or hang
+on (its resource minima, an address nothing answers at).
 
-This module imports neither torch nor Ray at import time: ``dpfl run`` calls
-:func:`start_ray_early` before it imports the engine's heavy modules.
+A run starts Ray only once it is validated (:func:`engine.simulation.prepare`, which
+calls :func:`check_ray_start`): a run that cannot work is refused in one line before
+any Ray process exists. (Until issue 47 ``dpfl run`` began Ray's start in a background
+thread before it imported the engine, so that the start overlapped the checks and the
+data; every refusal then waited for that start and its shutdown, 14–16 s.)
 
-Why the starting thread never ends. A local ``ray.init`` starts Ray's GCS and raylet
-as child processes that share the starter's fate: Linux delivers their "parent died"
-signal when the *thread* that forked them exits, not the process. A thread that ran
-``ray.init`` and returned would take the cluster down with it (measured: actors then
-fail with "Failed to connect to GCS"). The starter therefore waits, as a daemon thread,
-until the process exits; Ray's processes are stopped by ``ray.shutdown()`` as before.
+This module imports neither torch nor Ray at import time.
 
 Stopping Ray. A run that started Ray stops it when it closes (:func:`release_ray`:
 ``ray.shutdown()``), except in the ``dpfl`` executable, which calls
@@ -24,12 +21,6 @@ Asking for the new node. Every ``ray.init`` goes through :func:`_init_ray`, whic
 a local start ask for its node only once the GCS has it (:func:`_node_poll`): Ray's
 own wait retries once a second, and left ``ray.init`` idle for 0.5–1 s after the
 raylet had registered.
-
-What changes with an early start: nothing in the run. Ray is started with the same
-arguments; the driver's SIGTERM handler that Ray sets only from the main thread
-(``sys.exit``, so that ``atexit`` shuts Ray down) is set here from the main thread
-instead; a run that fails its checks after the early start shuts that Ray down
-(:func:`abandon_early_ray`).
 """
 
 from __future__ import annotations
@@ -37,9 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 from typing import Any
 
 from engine.base.errors import ConfigError
@@ -95,6 +84,101 @@ def _attach_error(ray_cfg, address: str, e: BaseException) -> ConfigError:
         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         + ("; if it uses token authentication, set RAY_AUTH_MODE=token" if auth else "")
     )
+
+
+#: How long :func:`check_ray_start` waits for a cluster's address to accept a connection.
+CONNECT_TIMEOUT_S = 5.0
+#: Ray's smallest object store (``ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES``).
+OBJECT_STORE_MINIMUM_BYTES = 75 * 2**20
+
+
+def check_ray_start(ray_cfg, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """What ``ray.init`` would refuse or hang on, checked before it is called (and before
+    a run writes anything); ConfigError naming the key. Nothing is checked when this
+    process's Ray is up already (it is used as it is).
+
+    * Attaching (``ray.address``, else ``$RAY_ADDRESS``): the address must be
+      ``host:port`` (``ray://host:port`` for Ray Client; ``auto``: the cluster this
+      machine started last) and accept a TCP connection within ``timeout_s``
+      (``ray.init`` otherwise waits silently for minutes). ``ray.object_store_memory_mb``
+      beside ``ray.address`` is refused: the cluster's store is the cluster's.
+    * Starting: ``ray.object_store_memory_mb`` within Ray's bounds (at least 75 MiB, at
+      most the machine's memory and what ``/dev/shm`` can hold), asked of Ray's own
+      check where it has one."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
+    mb = ray_cfg.object_store_memory_mb
+    if address:
+        if ray_cfg.address and mb:
+            raise ConfigError(
+                f"ray.object_store_memory_mb={mb}: sizes the object store of a Ray that dpfl "
+                f"starts; the cluster at ray.address={address!r} has its own (drop one key)"
+            )
+        _check_address(address, "ray.address" if ray_cfg.address else "$RAY_ADDRESS", timeout_s)
+    elif mb is not None:
+        _check_object_store(int(mb))
+
+
+def _check_address(address: str, key: str, timeout_s: float) -> None:
+    import socket
+
+    target = address.strip()
+    if target == "auto":
+        import tempfile
+
+        current = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+        try:
+            with open(current, encoding="utf-8") as f:
+                target = f.read().strip()
+        except OSError:
+            target = ""
+        if not target:
+            raise ConfigError(
+                f"{key}=auto: no Ray cluster was started on this machine (ray start --head), "
+                "or give its host:port"
+            )
+    target = target.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if "://" in target or not sep or not host or not port.isdigit():
+        raise ConfigError(
+            f"{key}={address!r}: expected host:port (e.g. 10.0.0.1:6379) or ray://host:port"
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ConfigError(
+            f"{key}={address!r}: no Ray cluster answers at {host}:{port} ({why}, waited up "
+            f"to {timeout_s:g} s); start it (ray start --head) or correct the address"
+        ) from None
+
+
+def _check_object_store(mb: int) -> None:
+    import tempfile
+
+    size = mb * 2**20
+    if size < OBJECT_STORE_MINIMUM_BYTES:
+        raise ConfigError(
+            f"ray.object_store_memory_mb={mb}: Ray's object store needs at least "
+            f"{OBJECT_STORE_MINIMUM_BYTES // 2**20} MiB ({OBJECT_STORE_MINIMUM_BYTES:,} bytes); "
+            "raise it, or set null for Ray's default"
+        )
+    try:
+        from ray._private.services import determine_plasma_store_config
+    except ImportError:  # another Ray's internals: the minimum above still holds
+        return
+    quiet = logging.getLogger("ray._private.services")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its warning that /tmp stands in for /dev/shm
+    try:
+        determine_plasma_store_config(size, tempfile.gettempdir())
+    except ValueError as e:
+        raise ConfigError(f"ray.object_store_memory_mb={mb}: {' '.join(str(e).split())}") from None
+    finally:
+        quiet.setLevel(level)
 
 
 #: How often a local start (:func:`_node_poll`) asks the GCS whether its node is there.
@@ -155,96 +239,6 @@ def _announce(context: Any) -> None:
     url = getattr(context, "dashboard_url", None)
     if url and os.environ.get(QUIET_ENV) != "1":  # dpfl -q: no console line
         print(f"Ray dashboard: http://{url}", file=sys.stderr, flush=True)
-
-
-class _NotMainThreadNote(logging.Filter):
-    """Drops Ray's warning that a non-main thread cannot set the SIGTERM handler (this
-    module sets the same handler from the main thread)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in str(record.msg)
-
-
-class _EarlyStart:
-    """One ``ray.init`` running in a daemon thread that then waits for the process's end."""
-
-    def __init__(self, ray_cfg, kwargs: dict) -> None:
-        self.ray_cfg = ray_cfg
-        self.kwargs = kwargs
-        self.done = threading.Event()
-        self.context: Any = None
-        self.error: BaseException | None = None
-        self._forever = threading.Event()  # never set: see the module docstring
-        self.thread = threading.Thread(target=self._start, name="dpfl-ray-start", daemon=True)
-
-    def _start(self) -> None:
-        import ray  # noqa: F401 - imported before the "ray.init start" mark, as bench.py times it
-
-        worker_log = logging.getLogger("ray._private.worker")
-        note = _NotMainThreadNote()
-        worker_log.addFilter(note)
-        try:
-            timeline.mark("ray.init start")
-            self.context = _init_ray(self.kwargs)
-            timeline.mark("ray.init done")
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            self.error = e
-        finally:
-            worker_log.removeFilter(note)
-            self.done.set()
-        if self.error is None:
-            self._forever.wait()
-
-    def result(self) -> Any:
-        """Wait for the start; its context, or the start's error raised here."""
-        self.done.wait()
-        if self.error is not None:
-            address = _attached(self.kwargs)
-            if address and isinstance(self.error, ConnectionError | RuntimeError | ValueError):
-                raise _attach_error(self.ray_cfg, address, self.error) from None
-            raise self.error
-        return self.context
-
-
-_early: _EarlyStart | None = None
-
-
-def start_ray_early(ray_cfg, include_dashboard: bool | None = None) -> bool:
-    """Begin :func:`ensure_ray`'s start of Ray in a background thread; True if begun.
-
-    The next :func:`ensure_ray` waits for it and owns the Ray it started (returns True,
-    as if it had started Ray itself). Nothing is begun when Ray is already up or an
-    early start is pending. The fit checks run here, in the caller's thread, so a
-    configuration that cannot fit is refused before anything starts. Must be called
-    from the main thread (it sets the driver's SIGTERM handler as Ray would)."""
-    global _early
-    import ray
-
-    if _early is not None or ray.is_initialized():
-        return False
-    kwargs = _init_kwargs(ray_cfg, include_dashboard, 0.0)
-    if threading.current_thread() is threading.main_thread():
-        # Ray sets this handler only when ray.init runs in the main thread: SIGTERM
-        # exits through sys.exit, so atexit's ray.shutdown stops Ray's processes.
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
-    _early = _EarlyStart(ray_cfg, kwargs)
-    _early.thread.start()
-    return True
-
-
-def abandon_early_ray() -> None:
-    """Shut down a Ray that :func:`start_ray_early` began and no :func:`ensure_ray`
-    took (a run that failed its checks after the start); no-op otherwise."""
-    global _early
-    early, _early = _early, None
-    if early is None:
-        return
-    import ray
-
-    early.done.wait()
-    if early.error is None and ray.is_initialized():
-        ray.shutdown()
 
 
 _stop_at_exit = False  # the dpfl executable: a Ray this process starts is stopped at exit
@@ -312,23 +306,18 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     ``extra_cpus`` (a Tune trial's own CPU), so one run or trial always fits (Ray's CPU
     counts are scheduling labels; on a 2-core machine a trial of 2 one-CPU workers and
     its 0.5-CPU head would otherwise wait for resources forever); attaching to an
-    unreachable cluster is a ConfigError naming the address. A start begun by
-    :func:`start_ray_early` is waited for and counts as this call's.
+    unreachable cluster, or settings ``ray.init`` would refuse, are a ConfigError
+    naming the key (:func:`check_ray_start`).
     """
-    global _early
     import ray
 
-    if _early is not None:
-        early, _early = _early, None
-        _announce(early.result())
-        _note_start(early.kwargs)
-        return True
     if ray.is_initialized():
         if not (ray_cfg.address or os.environ.get("RAY_ADDRESS")):  # a Ray of this machine
             from engine.runtime.resources import check_processes
 
             check_processes(ray_cfg, float(ray.cluster_resources().get("CPU", 0.0)))
         return False
+    check_ray_start(ray_cfg)  # checked again here for callers that start Ray directly
     kwargs = _init_kwargs(ray_cfg, include_dashboard, extra_cpus)
     address = _attached(kwargs)
     try:

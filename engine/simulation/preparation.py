@@ -1,26 +1,26 @@
-"""Everything before the rounds: :func:`prepare` checks what can be checked without
-training (config values, dataset files, model/data compatibility, the privacy
-budget) and builds the dataset and the run's one pipeline; :func:`make_executor`
-builds the worker pool (in process or Ray actors) that runs the rounds."""
+"""Everything before the rounds: :func:`prepare` is a run's one validation stage and
+its plan. It checks everything that can be checked without training (config values,
+the dataset's files and their format, the device, Ray's start settings, the model on
+the data, the privacy budget; :mod:`engine.simulation.validation`) and builds the
+dataset and the run's one pipeline; ``dpfl run`` calls it before Ray starts and before
+it writes a file, and :func:`engine.simulation.simulate` executes the :class:`Prepared`
+it returns (``prepared=``) without preparing again. :func:`make_executor` builds the
+worker pool (in process or Ray actors) that runs the rounds."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from algorithms.recipes import build_pipeline
 from engine.config import ConfigError, RunConfig
-from engine.data import FederatedDataset, build_dataset, check_dataset_files
-from engine.federated.client import LocalSpec
-from engine.federated.server import ServerSpec
-from engine.models import build_model
-from engine.privacy import rng as rngs
-from engine.runtime.executors import Executor
-from engine.runtime.local_pool import local_executor
-from engine.runtime.ray_pool import ray_executor
-from engine.simulation.privacy_plan import PrivacyPlan, plan_privacy
+from engine.simulation.validation import check_data_files, check_environment
 from engine.telemetry import timeline
+
+if TYPE_CHECKING:  # pragma: no cover
+    from engine.data import FederatedDataset
+    from engine.runtime.executors import Executor
+    from engine.simulation.privacy_plan import PrivacyPlan
 
 
 @dataclass
@@ -37,20 +37,25 @@ class Prepared:
 
 
 def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepared:
-    """All checks that need no training; builds the dataset. Raises ConfigError."""
-    try:
-        if dataset is None:
-            check_dataset_files(config.dataset)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    """The run's validation stage and plan: every check that needs no training, in
+    order of cost, then the dataset (``dataset``: one built already) and the
+    pipeline. Raises ConfigError (one line naming the key) and starts nothing."""
+    check_environment(config)  # the device; Ray's start settings and address
+    if dataset is None:
+        check_data_files(config.dataset)  # present, and each file's format
+    # The engine's heavy modules (torch, dp-accounting), once the checks that need
+    # none of them have passed: those refuse without waiting for the imports.
+    from algorithms.recipes import build_pipeline
+    from engine.models import build_model
+    from engine.simulation.privacy_plan import plan_privacy
+    from engine.simulation.validation import check_model_fits, check_shared_body, load_data
+
+    timeline.mark("imports done")
     timeline.mark("privacy start")
     plan = plan_privacy(config)
     timeline.mark("privacy done")
     if dataset is None:
-        try:
-            dataset = build_dataset(config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        dataset = load_data(config)
     timeline.mark("data done")
     if dataset.num_clients != config.dataset.num_clients:
         raise ConfigError(
@@ -64,6 +69,7 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
             f"model.name={config.model.name!r} does not fit dataset.name="
             f"{config.dataset.name!r} (input {dataset.input_shape}): {e}"
         ) from None
+    check_model_fits(config, dataset, model)
     from engine.privacy.adaptive_clip import adaptive_spec
     from engine.privacy.audit import audit_spec
 
@@ -87,6 +93,7 @@ def prepare(config: RunConfig, dataset: FederatedDataset | None = None) -> Prepa
         validate_pipeline(pipeline, model)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_shared_body(config, pipeline, model)
     steps = public_steps(config, pipeline)
     timeline.mark("prepared")
     return Prepared(config, plan, dataset, pipeline, steps, adaptive, audit)
@@ -129,6 +136,12 @@ def public_steps(config: RunConfig, pipeline) -> int | None:
 
 
 def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None = None) -> Executor:
+    """The worker pool of a prepared run: in process, or Ray actors (Ray starts here)."""
+    from engine.federated.client import LocalSpec
+    from engine.federated.server import ServerSpec
+    from engine.runtime.local_pool import local_executor
+    from engine.runtime.ray_pool import ray_executor
+
     cfg, plan = prep.config, prep.plan
     threads = max(1, int(cfg.ray.num_cpus_per_worker))
     local = LocalSpec(

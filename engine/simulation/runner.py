@@ -3,7 +3,9 @@
 Everything that can be checked is checked in :func:`prepare` before any training:
 config values, dataset files, model/data compatibility, and the privacy budget (σ is
 calibrated from ε, or ε computed from σ, by dp-accounting with the sampling actually
-used). The ε recorded for each round is the accountant's cumulative ε after that
+used). A caller that prepared the run already (``dpfl run``, which validates before
+Ray starts) passes its :class:`Prepared` (``prepared=``), and that plan is the one
+executed. The ε recorded for each round is the accountant's cumulative ε after that
 round; the final ε is the accountant's value for the rounds actually run.
 
 The round loop here computes each round's row; its side effects (checkpoint, metrics,
@@ -13,6 +15,7 @@ order of :mod:`engine.simulation.callbacks`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import tempfile
@@ -114,6 +117,33 @@ def static_columns(prep: Prepared) -> dict[str, Any]:
     return static
 
 
+def _same_as_released(row: dict[str, Any], released: dict[str, Any]) -> None:
+    """A round computed again (a resume from the previous checkpoint) must equal the
+    row already released; anything else is a bug, raised before the row is written."""
+    from engine.results.run_folder import AGREEING
+
+    for col in AGREEING:
+        a, b = row.get(col), released.get(col)
+        same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+        if col in released and not same:
+            raise RuntimeError(
+                f"round {row['round']} computed again differs from its released row "
+                f"({col}: {a!r} != {b!r})"
+            )
+
+
+def _prepared_for(config: RunConfig, prepared: Prepared) -> Prepared:
+    """``prepared`` as the plan of ``config``, which may differ from the prepared
+    config only in ``out`` (a default folder is named when it is claimed)."""
+    mine, theirs = config.to_dict(), prepared.config.to_dict()
+    mine.pop("out")
+    theirs.pop("out")
+    if mine != theirs:
+        diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+        raise ValueError(f"simulate(prepared=...): prepared for another config (differs in {diff})")
+    return dataclasses.replace(prepared, config=config)
+
+
 def simulate(
     config: RunConfig,
     *,
@@ -126,6 +156,7 @@ def simulate(
     run_name: str = "dpfl",
     trial: str = "",
     callbacks: list[Callback] | None = None,
+    prepared: Prepared | None = None,
 ) -> SimulationResult:
     """Run one simulation and return its rounds as a DataFrame.
 
@@ -157,9 +188,12 @@ def simulate(
             every round with its public :class:`engine.simulation.callbacks.RoundEnd`,
             after those the config's ``callbacks:`` import paths name; each may add
             public columns and stop the run (:mod:`engine.simulation.round_end`).
+        prepared: ``prepare(config)``'s result, made (and so checked) beforehand:
+            the run executes this plan (its dataset, σ, pipeline) and prepares
+            nothing again. Its config must be ``config`` up to ``out``.
     """
     user = [*load_callbacks(config.callbacks), *(callbacks or [])]  # before any work
-    prep = prepare(config, dataset)
+    prep = prepare(config, dataset) if prepared is None else _prepared_for(config, prepared)
     plan = prep.plan
     out_dir = Path(config.out) if config.out else default_out_dir(config)
     writer = RoundWriter(out_dir) if write else None
@@ -180,6 +214,7 @@ def simulate(
     privacy_extra = privacy_options(prep)
     static.update(privacy_extra)
     rows: list[dict[str, Any]] = []
+    ahead: dict[int, dict[str, Any]] = {}
     done = int(resume["server"]["rounds_done"]) if resume is not None else 0
     if resume is not None and writer is not None and writer.path.exists():
         # The checkpoint is written before its round's row, so every row on disk is at
@@ -187,6 +222,9 @@ def simulate(
         previous = pd.read_parquet(writer.path)
         rows = previous[previous["round"] <= done].to_dict("records")
         writer.rows = [dict(r) for r in rows]
+        # From the previous checkpoint (the last one damaged), a released round is
+        # computed again: a seeded run must give its released row back exactly.
+        ahead = {int(r["round"]): r for r in previous[previous["round"] > done].to_dict("records")}
     # A crash between a checkpoint and its row leaves that row unreleased: release the
     # copy the checkpoint holds (the same values; the round is not recomputed).
     pending = (resume or {}).get("row")
@@ -251,6 +289,8 @@ def simulate(
             timeline.mark(f"round {row['round']}")
             row.update(static)
             row["wall_time_s_nonprivate"] = time.perf_counter() - t0
+            if int(row["round"]) in ahead:
+                _same_as_released(row, ahead[int(row["round"])])
             if not math.isnan(row["test_accuracy"]):
                 state.last_accuracy = row["test_accuracy"]
             rows.append(row)

@@ -133,6 +133,7 @@ def test_overwrite_replaces_the_folder_and_its_stale_files(small_overrides, tmp_
     assert main(_run_args(small_overrides, "--out", str(out), "--overwrite")) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint.pkl",
+        "checkpoint.previous.pkl",
         "config.json",
         "rounds.parquet",
     ]
@@ -386,7 +387,7 @@ def test_ray_chatter_goes_to_ray_log_unless_verbose(small_overrides, tmp_path) -
 
 def test_run_plan_checks_everything_and_writes_nothing(small_overrides, tmp_path) -> None:
     """``dpfl run`` is plan (checks, no side effects) then execute: the plan holds the
-    parsed seeds, the folder and the built data, and creates no folder; a bad value
+    parsed seeds, the folder and the prepared first run, and creates no folder; a bad value
     fails in the plan, before any folder exists."""
     from engine.cli.parser import build_parser
     from engine.cli.run import plan_run
@@ -402,7 +403,9 @@ def test_run_plan_checks_everything_and_writes_nothing(small_overrides, tmp_path
     ]
     plan = plan_run(build_parser().parse_args(argv))
     assert plan.seeds == [3, 4] and plan.out == out and not plan.default_out
-    assert plan.dataset is not None and plan.dataset.num_clients == plan.config.dataset.num_clients
+    prepared = plan.prepared  # the first seed's run, validated and built: what executes
+    assert prepared is not None and prepared.config.seed == 3
+    assert prepared.dataset.num_clients == plan.config.dataset.num_clients
     assert not out.exists()
     bad = build_parser().parse_args([*argv, "--set", "sampling.rate=2"])
     with pytest.raises(Exception, match="sampling.rate"):

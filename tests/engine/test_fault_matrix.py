@@ -6,7 +6,9 @@ from the round hooks of ``simulate`` (the state a killed driver leaves: checkpoi
 written before its row). Each file of the folder is then truncated, deleted or
 replaced with garbage (and a few subtler damages: a row dropped, an older checkpoint)
 and the folder is resumed through ``dpfl run --resume``. The oracle is an uninterrupted
-run of the same config, computed independently.
+run of the same config, computed independently. The checkpoint before the last is kept
+beside it (``checkpoint.previous.pkl``): a damaged last checkpoint resumes from it, to
+the oracle bit for bit; with both damaged, the resume is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ RUN = [
     "privacy.noise_multiplier=1.0",
 ]
 FILES = ("config.json", "checkpoint.pkl", "rounds.parquet")
+PREVIOUS = "checkpoint.previous.pkl"
 DAMAGES = ("truncate", "delete", "garbage")
 #: Columns that differ between two runs of one config (timing).
 TIMING = ("wall_time_s_nonprivate",)
@@ -83,6 +86,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         checkpoints[int(row["round"])] = pickle.dumps(state)
 
     simulate(load_config(overrides=[*RUN, f"out={root / 'full'}"]), on_checkpoint=keep)
+    (root / "checkpoints.pkl").write_bytes(pickle.dumps(checkpoints))
     _crashed(root / "after_row", after_row=2)
     _crashed(root / "before_row", before_row=3)
     _crashed(root / "first_before_row", before_row=1)
@@ -144,15 +148,73 @@ STATES = ("after_row", "before_row", "full")
 @pytest.mark.parametrize("name", FILES)
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_file_is_refused_naming_it(folders, tmp_path, capsys, state, name, how) -> None:
-    """Every damage of a stopped or finished run's files loses information a resume
-    needs (the config, the state after the released rounds, or released rows): one
-    line naming the file and --overwrite, exit 2, nothing written."""
+    """Every damage of a stopped or finished run's files that loses information a
+    resume needs (the config, released rows, or the state after them: the last
+    checkpoint together with the previous one) is one line naming the file and
+    --overwrite, exit 2, nothing written."""
     folder = tmp_path / state
     shutil.copytree(folders[state], folder)
     _damage(folder / name, how)
+    if name == "checkpoint.pkl":
+        _damage(folder / PREVIOUS, how)
     before = _tree(folder)
     rc, err, _ = _resume(folder, capsys)
     _assert_refused(rc, err, str(folder / name), before, folder)
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_last_checkpoint_resumes_from_the_previous(
+    folders, tmp_path, capsys, state, how
+) -> None:
+    """The last checkpoint truncated, deleted or garbage: the resume continues from the
+    previous one (one warning line naming both files) and equals the uninterrupted run
+    bit for bit, a released round computed again included (after_row, full: the last
+    checkpoint's round was released; the seeded run gives it back exactly)."""
+    folder = tmp_path / state
+    shutil.copytree(folders[state], folder)
+    _damage(folder / "checkpoint.pkl", how)
+    rc, err, _ = _resume(folder, capsys)
+    assert rc == 0 and len(err) == 1, err
+    assert err[0].startswith("dpfl: warning: ") and PREVIOUS in err[0], err
+    assert str(folder / "checkpoint.pkl") in err[0]
+    _assert_equals_oracle(folder, folders["full"])
+
+
+def test_the_previous_checkpoint_is_the_round_before(folders) -> None:
+    """``checkpoint.previous.pkl`` holds exactly the state the round before the last
+    handed to its checkpoint (the same bytes), and the last checkpoint the last round's."""
+    checkpoints = pickle.loads((folders["checkpoints.pkl"]).read_bytes())
+    full = folders["full"]
+    assert (full / PREVIOUS).read_bytes() == checkpoints[ROUNDS - 1]
+    assert (full / "checkpoint.pkl").read_bytes() == checkpoints[ROUNDS]
+    stopped = pickle.loads((folders["after_row"] / PREVIOUS).read_bytes())  # after row 2
+    want = pickle.loads(checkpoints[1])  # another run of the config: timing differs
+    assert stopped["server"]["rounds_done"] == 1
+    assert (stopped["server"]["weights"] == want["server"]["weights"]).all()
+    assert not (folders["first_before_row"] / PREVIOUS).exists()  # no round before
+
+
+def test_release_mode_refuses_to_compute_a_released_round_again(tmp_path, capsys) -> None:
+    """Under privacy.secure_noise a round computed again would draw fresh noise (a
+    second release the accountant never composed): a damaged last checkpoint whose
+    round was released is refused, naming both checkpoints and secure_noise."""
+    folder = tmp_path / "secure"
+    with pytest.raises(Crash):
+        simulate(
+            load_config(overrides=[*RUN, "privacy.secure_noise=true", f"out={folder}"]),
+            on_round=lambda row, _executor: _raise_at(row, 2),
+        )
+    _damage(folder / "checkpoint.pkl", "garbage")
+    before = _tree(folder)
+    rc, err, _ = _resume(folder, capsys)
+    _assert_refused(rc, err, str(folder / "checkpoint.pkl"), before, folder)
+    assert PREVIOUS in err[0] and "secure_noise" in err[0]
+
+
+def _raise_at(row: dict, rnd: int) -> None:
+    if int(row["round"]) == rnd:
+        raise Crash
 
 
 @pytest.mark.parametrize(
@@ -300,6 +362,8 @@ def test_compare_resume_refuses_in_one_line(
     shutil.copytree(comparisons["stopped"], folder)
     if damaged is not None:
         _damage(folder / damaged, "truncate")
+        if damaged.endswith("checkpoint.pkl"):  # and the one before it
+            _damage(folder / damaged.replace("checkpoint.pkl", PREVIOUS), "truncate")
     before = _tree(folder)
     capsys.readouterr()
     assert main([*COMPARE, *extra, "--out", str(folder), "--resume"]) == 2
@@ -337,6 +401,7 @@ def test_damaged_run_is_refused_before_ray_starts(folders, tmp_path, capsys) -> 
     folder = tmp_path / "after_row"
     shutil.copytree(folders["after_row"], folder)
     _damage(folder / "checkpoint.pkl", "garbage")
+    _damage(folder / PREVIOUS, "garbage")
     before = _tree(folder)
     rc, err, _ = _resume_with(folder, capsys, "--executor", "ray")
     _assert_refused(rc, err, str(folder / "checkpoint.pkl"), before, folder)

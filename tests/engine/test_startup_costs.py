@@ -87,11 +87,10 @@ def _run_in_fresh_process(code: str, env: dict | None = None):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ray_starts_while_the_engine_is_imported(small_overrides, tmp_path: Path) -> None:
-    """``dpfl run`` on Ray begins Ray's start before it imports the engine (torch,
-    dp-accounting, pandas), in a thread that outlives ``ray.init`` (Ray's GCS and raylet
-    die with the thread that started them): the workers still train, the run ends with
-    Ray shut down, and the results equal an in-process run's."""
+def test_ray_starts_once_the_run_is_validated(small_overrides, tmp_path: Path) -> None:
+    """``dpfl run`` on Ray prepares the run (every check, the data, the pipeline) before
+    Ray starts: the workers train, the run ends with Ray shut down, and the results
+    equal an in-process run's."""
     sets = [o for o in small_overrides if not o.startswith("ray.executor")]
     sets += ["rounds=2", "ray.num_workers=1", "ray.num_cpus_per_worker=0.5"]
     argv = [a for o in sets for a in ("--set", o)]
@@ -109,8 +108,8 @@ def test_ray_starts_while_the_engine_is_imported(small_overrides, tmp_path: Path
     for line in timeline_file.read_text().splitlines():
         label, t = json.loads(line)
         marks.setdefault(label, float(t))
-    assert marks["ray.init start"] < marks["imports done"] < marks["ray.init done"] + 60
-    assert marks["workers ready"] < marks["round 1"] < marks["round 2"]
+    assert marks["imports done"] < marks["prepared"] < marks["ray.init start"]
+    assert marks["ray.init done"] < marks["workers ready"] < marks["round 1"] < marks["round 2"]
     from engine.cli import main
 
     local = tmp_path / "local"
@@ -125,10 +124,10 @@ def test_ray_starts_while_the_engine_is_imported(small_overrides, tmp_path: Path
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_plan_refused_after_rays_start_leaves_no_ray(small_overrides, tmp_path: Path) -> None:
-    """A check that fails once Ray's start has begun (here: the data files are missing,
-    found when the data is built) exits with status 2 and the one-line error, creates
-    no results folder and leaves Ray shut down."""
+def test_a_refused_plan_starts_no_ray(small_overrides, tmp_path: Path) -> None:
+    """A check that fails (here: the data files are missing) exits with status 2 and
+    the one-line error before Ray's start and before the engine's heavy imports:
+    no Ray was started, no torch imported, no results folder created."""
     sets = [o for o in small_overrides if not o.startswith("ray.executor")]
     sets += ["ray.num_workers=1", "dataset.name=fashion_mnist"]
     sets += [f"dataset.root={tmp_path / 'no-such-root'}"]
@@ -137,14 +136,16 @@ def test_a_plan_refused_after_rays_start_leaves_no_ray(small_overrides, tmp_path
     code = (
         "from engine.cli import main\n"
         f"rc = main(['run', '-q', '--out', {str(out)!r}, *{argv!r}])\n"
+        "import sys\n"
+        "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n"
         "import ray\n"
-        "from engine.runtime import ray_start\n"
-        "print('RC', rc, 'UP', ray.is_initialized(), 'PENDING', ray_start._early is not None)\n"
+        "print('UP', ray.is_initialized())\n"
     )
     timeline_file = tmp_path / "timeline.jsonl"
     done = _run_in_fresh_process(code, {timeline.ENV: str(timeline_file)})
     labels = [json.loads(line)[0] for line in timeline_file.read_text().splitlines()]
-    assert "ray.init start" in labels  # the start had begun when the check failed
-    assert "RC 2 UP False PENDING False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "ray.init start" not in labels and "imports done" not in labels, labels
+    assert "RC 2 TORCH False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "UP False" in done.stdout
     assert "dpfl: error:" in done.stderr and "no-such-root" in done.stderr
     assert not out.exists()
