@@ -7,12 +7,16 @@ Run by mkdocs-gen-files when the site is built (``mkdocs.yml``), or by hand with
   itself (:func:`engine.cli.parser.build_parser`);
 * ``reference/config.md``: every configuration key with its default and meaning, from
   the configuration schema and the pieces' declarations
-  (:func:`engine.config.doc.config_keys`, :func:`engine.config.doc.key_help`).
+  (:func:`engine.config.doc.config_keys`, :func:`engine.config.doc.key_help`);
+* ``reference/algorithms.md``: the prose page of that name, with its two markers
+  replaced by the recipe registry's table (:func:`algorithms.recipes.markdown_table`)
+  and the papers (:func:`algorithms.catalog.references`).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -87,16 +91,38 @@ def config_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+ALGORITHMS_PAGE = ROOT / "docs" / "reference" / "algorithms.md"
+MARKERS = ("<!-- generated: recipes table -->", "<!-- generated: references -->")
+
+
+def algorithms_page() -> str:
+    """``reference/algorithms.md`` with the registry's table and references filled in."""
+    from algorithms.catalog import references
+    from algorithms.recipes import markdown_table
+
+    text = ALGORITHMS_PAGE.read_text(encoding="utf-8")
+    table, papers = MARKERS
+    for marker in MARKERS:
+        if text.count(marker) != 1:
+            raise ValueError(f"{ALGORITHMS_PAGE}: needs the line {marker!r} once")
+    refs = "\n".join(  # "[name] reference" -> "* `name`: reference"
+        re.sub(r"^\[(\w+)\] ", r"* `\1`: ", line) for line in references()
+    )
+    return text.replace(table, markdown_table()).replace(papers, refs)
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/cli.md": cli_page,
     "reference/config.md": config_page,
+    "reference/algorithms.md": algorithms_page,
 }
 
 
 def write_all(opener: Callable[[str], TextIO]) -> None:
     for path, make in PAGES.items():
+        text = make()  # before opening: a page may read its own source file
         with opener(path) as f:
-            f.write(make())
+            f.write(text)
 
 
 def _gen_files_opener() -> Callable[[str], TextIO]:

@@ -1,8 +1,9 @@
-"""Issue 13 items 3 and 8: every output column says whether it is private.
+"""Every output column says whether it is private.
 
-The README's Results table is the contract: each column is listed with "public?"
-yes/no, and a column is non-public exactly when its name ends in ``_nonprivate``.
-Runs of several recipes and options must produce only documented columns.
+The column reference (``docs/reference/columns.md``) is the contract: each column is
+listed with "public?" yes/no, and a column is non-public exactly when its name ends in
+``_nonprivate``. Runs of several recipes and options must produce only documented
+columns.
 """
 
 from __future__ import annotations
@@ -16,22 +17,30 @@ from engine.config import load_config
 from engine.simulation import simulate
 from engine.telemetry.metrics import round_metrics
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+COLUMNS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "columns.md"
+HEADER = "| column | meaning | public? |"
 
 
-def documented_columns() -> dict[str, bool]:
-    """``{column: public}`` from the README's three-column Results table."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index("| column | meaning | public? |")
+def documented_columns(section: str | None = None) -> dict[str, bool]:
+    """``{column: public}`` from the column reference's three-column tables: all of
+    them, or those under the ``## `` heading starting with ``section``."""
+    text = COLUMNS.read_text(encoding="utf-8")
     out: dict[str, bool] = {}
-    for line in text[start:].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        public = cells[-1].startswith("yes")
-        assert cells[-1].startswith(("yes", "no")), line
-        for name in re.findall(r"`([a-z0-9_]+)`", cells[0]):
-            out[name] = public
+    heading = ""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            heading = line[3:]
+        if line != HEADER or (section is not None and not heading.startswith(section)):
+            continue
+        for row in lines[i + 2 :]:
+            if not row.startswith("|"):
+                break
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[-1].startswith(("yes", "no")), row
+            for name in re.findall(r"`([a-z0-9_]+)`", cells[0]):
+                assert out.get(name, cells[-1].startswith("yes")) == cells[-1].startswith("yes")
+                out[name] = cells[-1].startswith("yes")
     return out
 
 
@@ -40,7 +49,7 @@ def test_documented_columns_follow_the_suffix_rule() -> None:
     assert len(cols) > 30
     for name, public in cols.items():
         assert public != name.endswith("_nonprivate"), name
-    # The columns issue 13 names: computed from clients' data or private computation.
+    # Computed from clients' data or private computation.
     for name in (
         "personal_accuracy_nonprivate",
         "mia_auc_nonprivate",
@@ -76,9 +85,9 @@ SMALL = [
 )
 def test_every_round_column_is_documented_with_its_privacy(extra) -> None:
     res = simulate(load_config(overrides=[*SMALL, *extra]), write=False)
-    cols = documented_columns()
+    cols = documented_columns("One row per round")
     undocumented = set(res.rounds.columns) - set(cols)
-    assert not undocumented, f"columns missing from the README's Results table: {undocumented}"
+    assert not undocumented, f"columns missing from docs/reference/columns.md: {undocumented}"
 
 
 def test_live_metrics_label_side_channels() -> None:
