@@ -140,7 +140,7 @@ def algo_keys() -> tuple[Key, ...]:
 
 
 def key_help() -> dict[str, str]:
-    """``{"algo.<name>": help}`` for every key (``dpfl config``, the README's rows)."""
+    """``{"algo.<name>": help}`` for every key (``dpfl config``, docs/reference/config.md)."""
     return {f"algo.{k.name}": k.help for k in algo_keys()}
 
 

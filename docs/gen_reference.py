@@ -139,5 +139,5 @@ if __name__ == "__main__" and len(sys.argv) == 2:  # by hand: python docs/gen_re
         return (out / path).open("w", encoding="utf-8")
 
     write_all(_open)
-else:  # under mkdocs-gen-files
+elif __name__ == "<run_path>":  # under mkdocs-gen-files (runpy.run_path); imported: nothing
     write_all(_gen_files_opener())

@@ -62,6 +62,7 @@ def test_api_reference_renders_the_docstrings(site: Path) -> None:
 # --- the hand-written pages -------------------------------------------------------------
 
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 #: Pages the code cites by path, older than the site; every other page is checked for
 #: development history below.
 CITED_PAGES = {"algorithms.md", "architecture.md", "fidelity.md", "extending.md"}
@@ -87,8 +88,8 @@ def documented_commands() -> list[tuple[str, str]]:
     redirections dropped."""
     found = []
     blocks = [
-        (str(p.relative_to(DOCS)), m.group(1))
-        for p in _pages()
+        (str(p.relative_to(ROOT)), m.group(1))
+        for p in [README, *_pages()]
         for m in re.finditer(r"```bash\n(.*?)```", p.read_text(encoding="utf-8"), re.S)
     ]
     blocks += [("notebook", src) for src in _notebook_sources("code")]
@@ -140,7 +141,7 @@ def _check_command(command: str) -> None:
         preset = read_preset(path) if path else None
         if preset is not None:
             parse_algorithms(ns.algorithms or ",".join(preset.algorithms), preset.variants)
-            load_config(base=preset.tree(ns.scale), overrides=ns.set)
+            load_config(base=preset.tree(ns.scale or "paper"), overrides=ns.set)
         else:
             parse_algorithms(ns.algorithms or "all")
             load_config(path, ns.set)
@@ -175,8 +176,8 @@ def test_user_pages_carry_no_development_history() -> None:
     """The pages a user reads name no issue numbers and no "before/after" history."""
     pattern = re.compile(r"\bissues? \d+|#\d{2,}\b|\bmeasured before\b|\bsince issue\b", re.I)
     texts = [
-        (str(p.relative_to(DOCS)), p.read_text(encoding="utf-8"))
-        for p in _pages()
+        (str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))
+        for p in [README, *_pages()]
         if p.name not in CITED_PAGES
     ]
     texts += [("notebook", src) for src in _notebook_sources("markdown")]
@@ -194,3 +195,13 @@ def test_the_column_reference_is_on_the_site(site: Path) -> None:
     page = _text(site / "reference" / "columns" / "index.html")
     for column in ("test_accuracy", "epsilon", "realised_cohort_size_nonprivate"):
         assert column in page
+
+
+def test_readme_is_a_short_manual() -> None:
+    """The README stays the user's manual in brief (at most 300 lines) and links into
+    the site for the rest; every page it links to exists."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    links = re.findall(r"\]\((docs/[^)#]+)", text)
+    assert len(links) >= 20
+    assert [link for link in links if not (ROOT / link).exists()] == []

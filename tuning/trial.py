@@ -22,7 +22,7 @@ noiseless). The data set is the experiment's: it is built from the experiment se
 
 Privacy note: each trial's ε is the ε of *that* trial alone. Selecting the best
 trial on the same private data costs more (see ``tuning.report.tuning_epsilon`` and
-the README's "privacy cost of tuning").
+docs/explanation/privacy.md).
 """
 
 from __future__ import annotations

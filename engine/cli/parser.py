@@ -22,13 +22,12 @@ from engine.cli.values import (  # noqa: F401 - parse_args, parse_* are imported
     parse_seeds,
     seed_list,
 )
+from engine.runtime.ray_console import RAY_LOG  # noqa: F401 - the commands import it here
 
 #: Metrics a Tune trial reports and ``dpfl tune`` can maximise. Only public ones (measured
 #: on the public evaluation set) unless ``--allow-nonprivate-metric``: selecting or
 #: stopping trials on clients' data leaks it beyond ε (README, "Privacy model").
 TUNE_METRICS = ("test_accuracy", "personal_accuracy_nonprivate")
-#: Ray's console output goes to this file in the results folder (``--verbose`` shows it).
-RAY_LOG = "ray.log"
 #: The commands; :data:`engine.cli.dispatch.HANDLERS` has one handler for each.
 COMMANDS = (
     "run",

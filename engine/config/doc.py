@@ -9,7 +9,6 @@ descriptions from (``dpfl config``, ``dpfl run --help``); a test checks it cover
 from __future__ import annotations
 
 import dataclasses
-import re
 import textwrap
 from typing import Any
 
@@ -198,14 +197,14 @@ def keys_epilog() -> str:
         text = f"{head}.{{{', '.join(leaves)}}}" if head else ", ".join(leaves)
         lines += textwrap.wrap(text, 78, initial_indent="  ", subsequent_indent="      ")
     lines.append("`dpfl config` prints every key with its default and meaning;")
-    lines.append("the README's Configuration reference explains each one.")
+    lines.append("docs/reference/config.md (the site's Configuration keys) lists them all.")
     return "\n".join(lines)
 
 
-def missing_from_reference(readme: str) -> list[str]:
-    """The config keys the README's *Configuration reference* table does not name (each
-    key appears there in backquotes, alone or beside related keys); a key added to the
-    tree, e.g. by a newly registered piece, is listed here until its row is written."""
-    table = readme.split("## Configuration reference", 1)[-1].split("\n## ", 1)[0]
-    named = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)?)`", table))
-    return [key for key in config_keys() if key not in named]
+def undocumented_keys() -> list[str]:
+    """The config keys without a line of help (:func:`key_help`): the configuration
+    reference (``docs/reference/config.md``, generated) would show them bare. A key
+    added to the tree, e.g. by a newly registered piece, is listed here until its
+    declaration says what it does."""
+    helps = key_help()
+    return [key for key in config_keys() if not helps.get(key, "").strip()]

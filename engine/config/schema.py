@@ -1,10 +1,11 @@
 """The root of the config tree, :class:`RunConfig`, and its checks across sections.
 
-The tree mirrors the config keys documented in the README (its *Configuration
-reference*). Cross-section checks that need the whole tree (cohort vs. clients, exactly
-one of ε / σ, which sampling each accountant handles) live in
-:meth:`RunConfig.__post_init__`. Checks that need the data (files present) or the
-accountant (ε reachable) run in :func:`engine.simulation.prepare` before any work starts.
+The tree mirrors the config keys of the configuration reference
+(docs/reference/config.md, generated from this tree). Cross-section checks that need the
+whole tree (cohort vs. clients, exactly one of ε / σ, which sampling each accountant
+handles) live in :meth:`RunConfig.__post_init__`. Checks that need the data (files
+present) or the accountant (ε reachable) run in :func:`engine.simulation.prepare` before
+any work starts.
 """
 
 from __future__ import annotations

@@ -94,8 +94,9 @@ OBJECT_STORE_MINIMUM_BYTES = 75 * 2**20
 
 def check_ray_start(ray_cfg, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """What ``ray.init`` would refuse or hang on, checked before it is called (and before
-    a run writes anything); ConfigError naming the key. Nothing is checked when this
-    process's Ray is up already (it is used as it is).
+    a run writes anything); ConfigError naming the key. When this process's Ray is up
+    already (it is used as it is) only a ``ray.address`` given is checked: a run must
+    not silently use another Ray than the one its configuration names.
 
     * Attaching (``ray.address``, else ``$RAY_ADDRESS``): the address must be
       ``host:port`` (``ray://host:port`` for Ray Client; ``auto``: the cluster this
@@ -107,6 +108,8 @@ def check_ray_start(ray_cfg, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
       check where it has one."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
+        if ray_cfg.address:
+            _check_address(ray_cfg.address, "ray.address", timeout_s)
         return
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
     mb = ray_cfg.object_store_memory_mb

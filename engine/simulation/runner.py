@@ -157,8 +157,15 @@ def simulate(
     trial: str = "",
     callbacks: list[Callback] | None = None,
     prepared: Prepared | None = None,
+    verbose: bool = False,
 ) -> SimulationResult:
     """Run one simulation and return its rounds as a DataFrame.
+
+    Called from Python (a script, a notebook) with the Ray executor, it is as quiet as
+    ``dpfl run``: Ray's console output (its notices, the core worker's log lines) goes
+    to ``ray.log`` in the results folder (dropped when nothing is written), unless
+    ``verbose``. Under the CLI, which captures it already, and inside a Ray worker
+    (a Tune trial), nothing changes.
 
     Args:
         config: The run configuration.
@@ -191,7 +198,33 @@ def simulate(
         prepared: ``prepare(config)``'s result, made (and so checked) beforehand:
             the run executes this plan (its dataset, σ, pipeline) and prepares
             nothing again. Its config must be ``config`` up to ``out``.
+        verbose: Leave Ray's console output on the console.
     """
+    from engine.runtime.ray_console import console_is_quiet, in_ray_worker, quiet_ray
+
+    if verbose or config.ray.executor != "ray" or console_is_quiet() or in_ray_worker():
+        return _simulate(config, progress, write, dataset, resume, on_round, on_checkpoint,
+                         run_name, trial, callbacks, prepared)  # fmt: skip
+    with quiet_ray(None, verbose=False, defer=True) as log:
+        result = _simulate(config, progress, write, dataset, resume, on_round, on_checkpoint,
+                           run_name, trial, callbacks, prepared)  # fmt: skip
+        log.out = result.out_dir
+    return result
+
+
+def _simulate(
+    config: RunConfig,
+    progress: bool,
+    write: bool,
+    dataset: FederatedDataset | None,
+    resume: dict | None,
+    on_round: Callable[[dict, Executor], None] | None,
+    on_checkpoint: Callable[[dict, dict], None] | None,
+    run_name: str,
+    trial: str,
+    callbacks: list[Callback] | None,
+    prepared: Prepared | None,
+) -> SimulationResult:
     user = [*load_callbacks(config.callbacks), *(callbacks or [])]  # before any work
     prep = prepare(config, dataset) if prepared is None else _prepared_for(config, prepared)
     plan = prep.plan
