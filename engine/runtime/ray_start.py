@@ -94,9 +94,10 @@ OBJECT_STORE_MINIMUM_BYTES = 75 * 2**20
 
 def check_ray_start(ray_cfg, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """What ``ray.init`` would refuse or hang on, checked before it is called (and before
-    a run writes anything); ConfigError naming the key. When this process's Ray is up
-    already (it is used as it is) only a ``ray.address`` given is checked: a run must
-    not silently use another Ray than the one its configuration names.
+    a run writes anything); ConfigError naming the key. The keys are checked also when
+    this process's Ray is up already (it is then used as it is): a run must not
+    silently use another Ray than the one its configuration names, nor keep a value
+    that a fresh start would refuse.
 
     * Attaching (``ray.address``, else ``$RAY_ADDRESS``): the address must be
       ``host:port`` (``ray://host:port`` for Ray Client; ``auto``: the cluster this
@@ -107,11 +108,8 @@ def check_ray_start(ray_cfg, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
       most the machine's memory and what ``/dev/shm`` can hold), asked of Ray's own
       check where it has one."""
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        if ray_cfg.address:
-            _check_address(ray_cfg.address, "ray.address", timeout_s)
-        return
-    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
+    up = ray is not None and ray.is_initialized()
+    address = ray_cfg.address or (None if up else os.environ.get("RAY_ADDRESS"))
     mb = ray_cfg.object_store_memory_mb
     if address:
         if ray_cfg.address and mb:
@@ -315,6 +313,7 @@ def ensure_ray(ray_cfg, include_dashboard: bool | None = None, extra_cpus: float
     import ray
 
     if ray.is_initialized():
+        check_ray_start(ray_cfg)  # the keys' values (an address given must answer)
         if not (ray_cfg.address or os.environ.get("RAY_ADDRESS")):  # a Ray of this machine
             from engine.runtime.resources import check_processes
 
