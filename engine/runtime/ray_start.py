@@ -110,6 +110,8 @@ def check_ray_start(ray_cfg, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     ray = sys.modules.get("ray")
     up = ray is not None and ray.is_initialized()
     address = ray_cfg.address or (None if up else os.environ.get("RAY_ADDRESS"))
+    if up and address == "auto":  # "the cluster there is": the one this process is in
+        address = None
     mb = ray_cfg.object_store_memory_mb
     if address:
         if ray_cfg.address and mb:
@@ -126,6 +128,8 @@ def _check_address(address: str, key: str, timeout_s: float) -> None:
     import socket
 
     target = address.strip()
+    if target == "auto":  # as Ray resolves it: $RAY_ADDRESS (set inside a job), else the file
+        target = os.environ.get("RAY_ADDRESS", "").strip() or "auto"
     if target == "auto":
         import tempfile
 
