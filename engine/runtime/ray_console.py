@@ -32,7 +32,8 @@ class RayLog:
 
 
 def console_is_quiet() -> bool:
-    """Whether a :func:`quiet_ray` block is open in this process."""
+    """Whether a :func:`quiet_ray` block is open in this process (quiet or, with
+    ``verbose``, deliberately not: either way the caller has decided)."""
     return _ACTIVE > 0
 
 
@@ -66,8 +67,12 @@ def quiet_ray(
     """
     global _ACTIVE
     sink = RayLog(out)
-    if verbose or not uses_ray:
-        yield sink
+    if verbose or not uses_ray:  # the caller decided: simulate inside leaves it so
+        _ACTIVE += 1
+        try:
+            yield sink
+        finally:
+            _ACTIVE -= 1
         return
     import logging
     import tempfile
