@@ -121,8 +121,10 @@ CASES = {
     "tune unknown tune key": (["tune", "--config", "badtune.yaml", "--out", "t"], ["spaces"]),
     "tune unknown config key": (["tune", "--set", "foo=1", "--out", "t"], ["foo"]),
     "tune infinite budget": (["tune", "--epsilons", "inf", "--out", "t"], ["epsilon", "inf"]),
+    # under Ray Tune a trial's workers are actors that must fit (the process runner's
+    # trials run their workers in process, where any count fits)
     "tune too many workers": (
-        ["tune", "--set", "ray.num_workers=1000", "--out", "t"],
+        ["tune", "--runner", "tune", "--set", "ray.num_workers=1000", "--out", "t"],
         ["ray.num_workers=1000"],
     ),
     # a default folder is claimed before the experiment's own checks, and removed again
