@@ -102,7 +102,9 @@ def test_interrupted_tune_resumes_to_the_expected_dataset(tmp_path) -> None:
         "--num-samples",
         str(SAMPLES),
         "--set",
-        "rounds=3",
+        "rounds=6",  # 24 rows: room to interrupt between the 5th and the last
+        "--runner",
+        "tune",  # Tune's interruption and restore (the process runner's: test_trial_pool)
         "--out",
         str(out),
     ]
@@ -118,17 +120,17 @@ def test_interrupted_tune_resumes_to_the_expected_dataset(tmp_path) -> None:
         while time.time() < deadline:
             if rows_on_disk(out) >= 5:
                 break
-            time.sleep(0.5)
+            time.sleep(0.05)
         assert proc.poll() is None, "finished before it could be interrupted"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     subprocess.run(["pkill", "-9", "-f", ray_tmp], capture_output=True)
     interrupted = len(load_rounds(out))  # released rows, each once
-    assert 5 <= interrupted < len(ALGS) * len(EPS) * SAMPLES * 3
+    assert 5 <= interrupted < len(ALGS) * len(EPS) * SAMPLES * 6
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    df = check_experiment(out, rounds=3)
+    df = check_experiment(out, rounds=6)
     assert set(df["algorithm"]) == set(ALGS)
     # every trial has its own seed (its own noise and cohorts), recorded in rows and table
     trials = load_trials(out)
@@ -263,7 +265,9 @@ def test_driver_runner_runs_the_same_trials_as_tune_and_resumes(
 
     # one runner per experiment: its trials are named by the runner that started it
     with pytest.raises(ConfigError, match=r"^--runner tune: .* ran with --runner driver"):
-        sweep(out, resume=True)
+        sweep(out, resume=True, runner="tune")
+    # the default (auto) continues with the runner the experiment started with
+    assert (sweep(out, resume=True)["status"] == "TERMINATED").all()
     with pytest.raises(ConfigError, match=r"^--runner driver: .* ran with --runner tune"):
         sweep(tune_out, resume=True, runner="driver")
     with pytest.raises(ConfigError, match=r"tune\.runner=driver .* --scheduler fifo"):
