@@ -87,6 +87,7 @@ def test_reimplemented_streams_match_the_engine() -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_quick_benchmark_runs_both_sides(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -169,6 +170,7 @@ def test_gpu_scaling_counts_steady_clients_per_second_after_round_one() -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_gpu_scaling_sweep_runs_on_the_cpu(tmp_path: Path) -> None:
     """The sweep's smoke run (no GPU here): every configuration trains, its workers
     report where they trained, and ε is the same for every packing (σ, sampling and
@@ -191,6 +193,7 @@ def test_gpu_scaling_sweep_runs_on_the_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_gpu_vectorized_groups_reproduce_one_by_one_on_the_cpu(tmp_path: Path) -> None:
     """The vectorised-vs-one-by-one benchmark's smoke run (CPU): every group size
     takes the same number of local steps as one-by-one training and its summed
@@ -398,6 +401,7 @@ def test_cpu_until_mark_counts_descendants_up_to_the_mark(tmp_path: Path) -> Non
     assert 0 < early["samples"] < usage["samples"] / 2
 
 
+@pytest.mark.benchmark
 def test_eval_overlap_benchmark_compares_bit_identical_runs(tmp_path: Path) -> None:
     """Its smoke run: the overlapped run is the overlapped path (the pool says so),
     equals the unoverlapped one bit for bit, and both evaluated every round."""

@@ -15,7 +15,7 @@ from tests.benchmark_scripts import benchmark_command
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.benchmark]
 
 
 def run_quick(script: str, tmp_path: Path, *extra: str) -> dict:

@@ -6,11 +6,14 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.benchmark_scripts import benchmark_command
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.benchmark
 def test_population_benchmark_quick(tmp_path):
     out = tmp_path / "pop.json"
     subprocess.run(
