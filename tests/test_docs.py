@@ -63,9 +63,6 @@ def test_api_reference_renders_the_docstrings(site: Path) -> None:
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-#: Pages the code cites by path, older than the site; every other page is checked for
-#: development history below.
-CITED_PAGES = {"algorithms.md", "architecture.md", "fidelity.md", "extending.md"}
 
 
 def _pages() -> list[Path]:
@@ -175,11 +172,7 @@ def test_a_bad_documented_command_would_fail() -> None:
 def test_user_pages_carry_no_development_history() -> None:
     """The pages a user reads name no issue numbers and no "before/after" history."""
     pattern = re.compile(r"\bissues? \d+|#\d{2,}\b|\bmeasured before\b|\bsince issue\b", re.I)
-    texts = [
-        (str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))
-        for p in [README, *_pages()]
-        if p.name not in CITED_PAGES
-    ]
+    texts = [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in [README, *_pages()]]
     texts += [("notebook", src) for src in _notebook_sources("markdown")]
     hits = [(page, m.group(0)) for page, text in texts for m in pattern.finditer(text)]
     assert hits == []
