@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from algorithms.dp_ftrl import SERVER_MOMENTUM
+from algorithms.dp_ftrl import SERVER_MOMENTUM, momentum_step_spec
 from algorithms.pieces.correlated_noise import FTRL_MOMENTUM
 from algorithms.server_step import ServerStep, ServerStepPiece, StepContext
 from algorithms.spec import Key, PieceSpec
@@ -270,15 +270,7 @@ SPECS = (
         keys=(BANDS,),
         report=lambda s, p: s.report(),
     ),
-    PieceSpec(
-        "banded_momentum",
-        "server_step",
-        f"{HERE}:BandedStep",
-        lambda cls, a, ctx: cls(FTRL_MOMENTUM if a.server_momentum is None else a.server_momentum),
-        keys=(SERVER_MOMENTUM,),
-        space={"algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]}},
-        report=lambda s, p: {"server_momentum": s.momentum},
-    ),
+    momentum_step_spec("banded_momentum", f"{HERE}:BandedStep"),
 )
 #: the recipe (algorithms.recipes: the README's row)
 RECIPE: dict[str, Any] = dict(

@@ -192,18 +192,26 @@ SERVER_MOMENTUM = Key(
     "must be in [0, 1)",
 )
 #: the registry's lines (algorithms.registry)
-SPECS = (
-    PieceSpec("epoch_passes", "participation", f"{HERE}:EpochPasses", epoch_passes),
-    PieceSpec("tree", "noise", f"{HERE}:TreeAggregation", lambda cls, a, ctx: cls()),
-    PieceSpec(
-        "ftrl",
+
+
+def momentum_step_spec(name: str, path: str) -> PieceSpec:
+    """The server step of a correlated-noise method with server momentum
+    (``algo.server_momentum``, default :data:`FTRL_MOMENTUM`): DP-FTRL's and DP-BandMF's."""
+    return PieceSpec(
+        name,
         "server_step",
-        f"{HERE}:FTRLStep",
+        path,
         lambda cls, a, ctx: cls(FTRL_MOMENTUM if a.server_momentum is None else a.server_momentum),
         keys=(SERVER_MOMENTUM,),
         space={"algo.server_momentum": {"type": "choice", "values": [0.0, 0.5, 0.9]}},
         report=lambda s, p: {"server_momentum": s.momentum},
-    ),
+    )
+
+
+SPECS = (
+    PieceSpec("epoch_passes", "participation", f"{HERE}:EpochPasses", epoch_passes),
+    PieceSpec("tree", "noise", f"{HERE}:TreeAggregation", lambda cls, a, ctx: cls()),
+    momentum_step_spec("ftrl", f"{HERE}:FTRLStep"),
 )
 #: the recipe (algorithms.recipes: the README's row)
 RECIPE: dict[str, Any] = dict(
