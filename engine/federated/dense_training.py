@@ -158,8 +158,8 @@ class DenseSGDTrainer:
                     )
                     for k, i in enumerate(group):
                         delta = deltas[k]
-                        done[i] = LocalResult(
-                            chunk[i], global_flat + delta, losses[k], len(batches[i]), delta
+                        done[i] = _DeltaResult(
+                            chunk[i], global_flat, losses[k], len(batches[i]), delta
                         )
             for i in range(len(chunk)):
                 yield done.pop(i)
@@ -233,15 +233,17 @@ class DenseSGDTrainer:
             g_first[:, a:e] = g
             if b1_now is not None:
                 b1_now.add_(g.sum(1), alpha=-lr)
-        delta1 = torch.bmm(g_first.transpose(1, 2), x).mul_(-lr)
-        others = _deltas(layers[1:], rest, g_n)
-        deltas = []
-        for k in range(g_n):
-            parts = [delta1[k].reshape(-1)]
-            if b1 is not None and b1_now is not None:
-                parts.append(b1_now[k] - b1)
-            deltas.append(torch.cat([*parts, others[k]]))
-        return deltas, [float(v) for v in loss_acc.tolist()]
+        # every client's Δ in one (G, d) buffer, parameter order: no per-client concatenation
+        out = torch.empty(g_n, self.dim, dtype=w1.dtype)
+        at = w1.numel()
+        delta1 = out[:, :at].view(g_n, *w1.shape)
+        torch.bmm(g_first.transpose(1, 2), x, out=delta1)
+        delta1.mul_(-lr)
+        if b1 is not None and b1_now is not None:
+            torch.sub(b1_now, b1, out=out[:, at : at + b1.numel()])
+            at += b1.numel()
+        _deltas_into(out[:, at:], layers[1:], rest)
+        return list(out), [float(v) for v in loss_acc.tolist()]
 
     def _explicit_group(
         self,
@@ -262,7 +264,9 @@ class DenseSGDTrainer:
             a, e = s * width, (s + 1) * width
             loss, _ = _group_step(x[:, a:e], y[:, s], wt[:, s], stacked, lr, from_input=True)
             loss_acc += loss.double()
-        return _deltas(layers, stacked, g_n), [float(v) for v in loss_acc.tolist()]
+        out = torch.empty(g_n, self.dim, dtype=x.dtype)
+        _deltas_into(out, layers, stacked)
+        return list(out), [float(v) for v in loss_acc.tolist()]
 
 
 def _stacked(layers: list[tuple[torch.Tensor, Any]], g_n: int) -> list[tuple[torch.Tensor, Any]]:
@@ -273,19 +277,44 @@ def _stacked(layers: list[tuple[torch.Tensor, Any]], g_n: int) -> list[tuple[tor
     ]
 
 
-def _deltas(
-    layers: list[tuple[torch.Tensor, Any]], stacked: list[tuple[torch.Tensor, Any]], g_n: int
-) -> list[torch.Tensor]:
-    """Each client's flat update (parameter order) of the ``stacked`` layers."""
-    out = []
-    for k in range(g_n):
-        parts = []
-        for (w0, b0), (wk, bk) in zip(layers, stacked):
-            parts.append((wk[k] - w0).reshape(-1))
-            if bk is not None and b0 is not None:
-                parts.append(bk[k] - b0)
-        out.append(torch.cat(parts) if parts else torch.zeros(0))
-    return out
+class _DeltaResult(LocalResult):
+    """A :class:`LocalResult` whose local model x^t + Δ is formed only when read (by a
+    client transform that needs the local gradient, e.g. LUS): the worker clips Δ
+    itself, so most rounds never allocate a model-sized tensor per client for it."""
+
+    def __init__(
+        self,
+        client: int,
+        global_flat: torch.Tensor,
+        loss_sum: float,
+        steps: int,
+        delta: torch.Tensor,
+    ) -> None:
+        self.client, self.loss_sum, self.steps, self.delta = client, loss_sum, steps, delta
+        self._global = global_flat
+
+    @property  # type: ignore[override]
+    def local(self) -> torch.Tensor:
+        assert self.delta is not None
+        return self._global + self.delta
+
+
+def _deltas_into(
+    out: torch.Tensor,
+    layers: list[tuple[torch.Tensor, Any]],
+    stacked: list[tuple[torch.Tensor, Any]],
+) -> None:
+    """Each client's update of the ``stacked`` layers (parameter order) written into its
+    row of ``out`` (G, Σ sizes): weight − global weight, then bias − global bias."""
+    at = 0
+    for (w0, b0), (wk, bk) in zip(layers, stacked):
+        n = w0.numel()
+        torch.sub(wk, w0, out=out[:, at : at + n].view(wk.shape))
+        at += n
+        if bk is not None and b0 is not None:
+            torch.sub(bk, b0, out=out[:, at : at + b0.numel()])
+            at += b0.numel()
+    assert at == out.shape[1]
 
 
 def _group_step(
