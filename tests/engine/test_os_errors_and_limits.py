@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from engine.cli import main
@@ -94,25 +95,25 @@ def test_disk_full_writing_rows_stops_resumable(tmp_path, capsys, monkeypatch) -
     want = _oracle(tmp_path)
     capsys.readouterr()
     out = tmp_path / "full_disk"
-    real = pd.DataFrame.to_parquet
+    real = pq.write_table
     writes = {"n": 0}
 
-    def to_parquet(self, path, *a, **k):
-        if str(path).startswith(str(out)):
+    def write_table(table, where, *a, **k):
+        if str(where).startswith(str(out)):
             writes["n"] += 1
             if writes["n"] == 3:  # round 3's rows
-                Path(path).write_bytes(b"PAR1 half")  # a partial write, then the error
+                Path(where).write_bytes(b"PAR1 half")  # a partial write, then the error
                 raise OSError("[Errno 28] Error writing bytes to file. Detail: No space left")
-        return real(self, path, *a, **k)
+        return real(table, where, *a, **k)
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", to_parquet)
+    monkeypatch.setattr(pq, "write_table", write_table)
     assert main(_args(out)) == 2
     line = _one_line(capsys)
     assert str(out / "rounds.parquet") in line and "No space left on device" in line
     assert f"dpfl run --resume {out}" in line
     assert len(pd.read_parquet(out / "rounds.parquet")) == 2  # the last complete file
     assert not list(out.glob(".*.tmp"))
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)  # space freed
+    monkeypatch.setattr(pq, "write_table", real)  # space freed
     assert main(["run", "-q", "--resume", str(out)]) == 0
     _same_rows(pd.read_parquet(out / "rounds.parquet"), want)
 
