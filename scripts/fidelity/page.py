@@ -59,8 +59,8 @@ def real_row(preset: Preset, rows: pd.DataFrame, meta: dict[str, Any], cpu: str)
     shown = numbers(rows, preset).split(" (accountant ε")[0]  # ε has its own column
     line = (
         f"| {preset.claim} | `{name}` | {setting_summary(preset)} | {shown} | "
-        f"{rule['better']} − {rule['than']}: {'; '.join(diffs)} | **{verdict_real}** "
-        "(untuned) | "
+        f"{rule['better']} − {rule['than']}: {'; '.join(diffs)} | {verdict_real} "
+        "(one untuned setting) | "
         f"{spent} | {wall} | {cpu} | {flip} |"
     )
     return line, verdict_real
@@ -80,7 +80,8 @@ def real_section(
         *text_lines("real_runs", seeds=", ".join(map(str, seeds))),
         "",
         "| claim | preset | setting (real scale) | rows, mean ± sd | difference, mean "
-        "[95 % interval] | verdict (untuned) | accountant ε | wall time of the claim | "
+        "[95 % interval] | outcome (one untuned setting, not a verdict) | accountant ε | "
+        "wall time of the claim | "
         "CPU-scale verdict | reverses the CPU-scale verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
