@@ -284,7 +284,8 @@ def w1_main(args: argparse.Namespace) -> int:
         for k in ("whole_s", "round_loop_s", "eval_s", "fixed_s")
     }
     print(f"\n== W1 against the tight floor (medians of {args.repeats}) ==")
-    targets = {"whole_s": 0.65, "round_loop_s": 0.55, "eval_s": 0.55}
+    # whole process: the sweep-speed target (<= 0.58 of the one-thread loop on 2 cores)
+    targets = {"whole_s": 0.58, "round_loop_s": 0.55, "eval_s": 0.55}
     names = {
         "whole_s": "whole process",
         "round_loop_s": "round loop",
