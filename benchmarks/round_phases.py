@@ -345,7 +345,8 @@ def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
     # update below C and one above it (clipped, cast, re-measured).
     def former(t: torch.Tensor, c: float) -> None:
         norm = m._norm64(u)
-        out = u if norm <= c else m._cast_within(u.double() * (c / norm), u.dtype, c)[0]
+        first = m._first_factor(c, norm, u.dtype)
+        out = u if norm <= c else m._cast_within(u.double() * first, u.dtype, c)[0]
         m.add_float64_(t, out)
 
     scratch = m.ClipScratch()
