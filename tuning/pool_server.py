@@ -1,11 +1,18 @@
 """How the process runner (:mod:`tuning.trial_pool`) starts its trial processes.
 
 Forked from this process when that is safe: it has only its main Python thread, Ray is
-not running in it, and each trial trains on one thread (no OpenMP pool carried into a
-child); then a trial process starts in milliseconds with everything already
-imported, sharing its pages with this process. Otherwise (a notebook with Ray up, a
-trial of several threads) from ``multiprocessing``'s fork server, which imports
-:data:`PRELOAD` once, in a fresh interpreter, and forks the processes from there.
+not running in it, and each trial trains on one thread; then a trial process starts in
+milliseconds with everything already imported, sharing its pages with this process.
+This process may still hold native thread pools (torch's OpenMP pool once an operation
+ran on two threads, OpenBLAS's, jemalloc's): a forked child that entered an OpenMP
+region of more than one thread would wait for pool threads it does not have (measured:
+an element-wise torch operation on 2M values hangs there). So every trial process runs
+:func:`pin_threads` first, before any torch operation: on one thread torch runs no
+OpenMP region, and OpenBLAS and jemalloc re-initialise after a fork themselves.
+
+Otherwise (a notebook with Ray up, a trial of several threads) from
+``multiprocessing``'s fork server, which imports :data:`PRELOAD` once, in a fresh
+interpreter, and forks the processes from there.
 Imports nothing of dpfl."""
 
 from __future__ import annotations
@@ -37,6 +44,15 @@ def fork_is_safe(threads: int) -> bool:
         and not (ray is not None and ray.is_initialized())
         and "fork" in multiprocessing.get_all_start_methods()
     )
+
+
+def pin_threads(threads: int) -> None:
+    """A trial process's initializer: its torch threads, set before any torch operation
+    runs in it (module docstring: a forked child must not enter the parent's OpenMP
+    pool)."""
+    import torch
+
+    torch.set_num_threads(max(1, int(threads)))
 
 
 def pool_context(threads: int, start_method: str | None = None):

@@ -44,7 +44,7 @@ from tuning.driver import (
     trial_finished,
 )
 from tuning.plan import experiment_name
-from tuning.pool_server import pool_context
+from tuning.pool_server import pin_threads, pool_context
 from tuning.rounds import compact_cell, rounds_dir
 
 
@@ -138,7 +138,10 @@ def new_pool(
     process or from a fork server (:func:`tuning.pool_server.pool_context`), started
     now."""
     pool = ProcessPoolExecutor(
-        max_workers=processes, mp_context=pool_context(threads, start_method)
+        max_workers=processes,
+        mp_context=pool_context(threads, start_method),
+        initializer=pin_threads,
+        initargs=(threads,),
     )
     for _ in range(processes):
         pool.submit(_warm)

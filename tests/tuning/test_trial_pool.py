@@ -126,3 +126,38 @@ def test_process_runner_takes_only_what_it_can_run(tmp_path) -> None:
         sweep(tmp_path / "a", 2, runner="processes", scheduler="asha")
     with pytest.raises(ConfigError, match=r"^tune\.trial_executor=ray: tune\.runner=processes"):
         sweep(tmp_path / "b", 2, runner="processes", trial_executor_choice="ray")
+
+
+def _threads_after_a_parallel_op() -> int:
+    """In a trial process: an element-wise operation large enough for torch to split it
+    over its threads (it would enter OpenMP with more than one)."""
+    import torch
+
+    x = torch.randn(2_000_000)
+    for _ in range(5):
+        x = x * 1.0001 + 0.5
+    return torch.get_num_threads()
+
+
+def test_a_forked_trial_process_never_enters_the_parents_openmp_pool() -> None:
+    """This process's OpenMP pool is live (an operation ran on two threads); a trial
+    process forked from it sets its threads first (``pin_threads``) and completes a
+    parallel-sized operation. Without that a forked child entering OpenMP with two
+    threads waits forever for pool threads it does not have (measured: it hangs)."""
+    import torch
+
+    from tuning.trial_pool import new_pool, stop_pool
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = torch.randn(400, 400)
+        (a @ a).sum()
+        torch.randn(2_000_000).mul(2.0).sum()
+        pool = new_pool(1, threads=1, start_method="fork")
+        try:
+            assert pool.submit(_threads_after_a_parallel_op).result(timeout=60) == 1
+        finally:
+            stop_pool(pool)
+    finally:
+        torch.set_num_threads(before)
