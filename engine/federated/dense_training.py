@@ -293,8 +293,8 @@ class _DeltaResult(LocalResult):
         self.client, self.loss_sum, self.steps, self.delta = client, loss_sum, steps, delta
         self._global = global_flat
 
-    @property  # type: ignore[override]
-    def local(self) -> torch.Tensor:
+    @property
+    def local(self) -> torch.Tensor:  # type: ignore[override]  # read-only: formed from Δ
         assert self.delta is not None
         return self._global + self.delta
 
