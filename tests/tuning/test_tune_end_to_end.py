@@ -57,6 +57,28 @@ def rows_on_disk(out: Path) -> int:
     raise AssertionError("OUT/rounds kept changing under the reader")
 
 
+def _kill_by_environment(marker: str, timeout: float) -> int:
+    """SIGKILL every process whose environment holds ``marker``, until none is left or
+    ``timeout`` passes; returns how many are left (zombies, already dead, not counted)."""
+    needle = marker.encode() + b"\0"
+    deadline = time.time() + timeout
+    while True:
+        alive = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if needle not in Path(f"/proc/{pid}/environ").read_bytes() + b"\0":
+                    continue
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+                os.kill(int(pid), signal.SIGKILL)
+                alive.append(pid)
+            except (OSError, IndexError):
+                continue  # gone, or not ours to read
+        if not alive or time.time() > deadline:
+            return len(alive)
+        time.sleep(0.1)
+
+
 def check_experiment(out: Path, rounds: int) -> pd.DataFrame:
     df = load_rounds(out)
     trials = load_trials(out)
@@ -126,6 +148,11 @@ def test_interrupted_tune_resumes_to_the_expected_dataset(tmp_path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     subprocess.run(["pkill", "-9", "-f", ray_tmp], capture_output=True)
+    # Ray renames its workers' process titles (``ray::ImplicitFunc``), so a trial process
+    # can outlive the pkill and go on compacting its round files while they are read:
+    # find every process of the interrupted run by the RAY_TMPDIR in its environment
+    # (only processes this test started carry it) and wait until none is left.
+    assert _kill_by_environment(f"RAY_TMPDIR={ray_tmp}", timeout=30.0) == 0
     interrupted = len(load_rounds(out))  # released rows, each once
     assert 5 <= interrupted < len(ALGS) * len(EPS) * SAMPLES * 6
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env, timeout=600)
