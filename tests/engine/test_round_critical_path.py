@@ -93,6 +93,19 @@ def _former_cast_within(scaled: torch.Tensor, dtype: torch.dtype, clip_norm: flo
     return out, after
 
 
+def _clipped_samples(dtype: torch.dtype):
+    """(update, C, its float64 norm) for 24 updates of 3 chunks and more, scales 1e-2 to
+    1e2, at C = 0.01 and 0.5, where the update is above C (it gets clipped)."""
+    g = torch.Generator().manual_seed(3)
+    for i in range(24):
+        n = 3 * kernels._CHUNK + i
+        u = (torch.randn(n, generator=g) * 10.0 ** (i % 5 - 2)).to(dtype)
+        for c in (0.01, 0.5):
+            norm = float(torch.linalg.vector_norm(u, dtype=torch.float64))
+            if norm > c:
+                yield u, c, norm
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_clip_equals_the_whole_vector_loop_and_needs_no_retry(dtype: torch.dtype) -> None:
     """A clipped update is scaled by C/‖x‖ less two eps of its dtype
@@ -101,28 +114,21 @@ def test_clip_equals_the_whole_vector_loop_and_needs_no_retry(dtype: torch.dtype
     leaves no cast above C (without it, measured here, a sizeable share of the casts
     landed above C and needed a second try), while the clipped norm stays within
     three eps of C."""
-    g = torch.Generator().manual_seed(3)
     above_without_margin = clipped = 0
     eps = torch.finfo(dtype).eps
-    for i in range(24):
-        n = 3 * kernels._CHUNK + i
-        u = (torch.randn(n, generator=g) * 10.0 ** (i % 5 - 2)).to(dtype)
-        for c in (0.01, 0.5):
-            norm = float(torch.linalg.vector_norm(u, dtype=torch.float64))
-            if norm <= c:
-                continue
-            clipped += 1
-            plain = (u.double() * (c / norm)).to(dtype)
-            above_without_margin += float(torch.linalg.vector_norm(plain, dtype=torch.float64)) > c
-            first = kernels._first_factor(c, norm, dtype)
-            assert first < c / norm
-            once = (u.double() * first).to(dtype)
-            assert float(torch.linalg.vector_norm(once, dtype=torch.float64)) <= c
-            want, after = _former_cast_within(u.double() * first, dtype, c)
-            res = clip_update(u, c)
-            assert np.array_equal(bits(res.update), bits(want))
-            assert res.out_norm == after <= c
-            assert after >= c * (1.0 - 3.0 * eps)
+    for u, c, norm in _clipped_samples(dtype):
+        clipped += 1
+        plain = (u.double() * (c / norm)).to(dtype)
+        above_without_margin += float(torch.linalg.vector_norm(plain, dtype=torch.float64)) > c
+        first = kernels._first_factor(c, norm, dtype)
+        assert first < c / norm
+        once = (u.double() * first).to(dtype)
+        assert float(torch.linalg.vector_norm(once, dtype=torch.float64)) <= c
+        want, after = _former_cast_within(u.double() * first, dtype, c)
+        res = clip_update(u, c)
+        assert np.array_equal(bits(res.update), bits(want))
+        assert res.out_norm == after <= c
+        assert after >= c * (1.0 - 3.0 * eps)
     assert clipped >= 20 and above_without_margin >= 5
 
 
@@ -135,21 +141,14 @@ def test_clip_retries_replayed_in_chunks_equal_the_former_loop(
     values bit for bit, every result within C (also float16 and bfloat16, whose
     rounding a 1e-6 shrink could not undo)."""
     monkeypatch.setattr(kernels, "_first_factor", lambda c, norm, _dtype: c / norm)
-    g = torch.Generator().manual_seed(3)
     retried = 0
-    for i in range(24):
-        n = 3 * kernels._CHUNK + i
-        u = (torch.randn(n, generator=g) * 10.0 ** (i % 5 - 2)).to(dtype)
-        for c in (0.01, 0.5):
-            norm = float(torch.linalg.vector_norm(u, dtype=torch.float64))
-            if norm <= c:
-                continue
-            first = (u.double() * (c / norm)).to(dtype)
-            retried += float(torch.linalg.vector_norm(first, dtype=torch.float64)) > c
-            want, after = _former_cast_within(u.double() * (c / norm), dtype, c)
-            res = clip_update(u, c)
-            assert np.array_equal(bits(res.update), bits(want))
-            assert res.out_norm == after <= c
+    for u, c, norm in _clipped_samples(dtype):
+        first = (u.double() * (c / norm)).to(dtype)
+        retried += float(torch.linalg.vector_norm(first, dtype=torch.float64)) > c
+        want, after = _former_cast_within(u.double() * (c / norm), dtype, c)
+        res = clip_update(u, c)
+        assert np.array_equal(bits(res.update), bits(want))
+        assert res.out_norm == after <= c
     assert retried >= 5
 
 
