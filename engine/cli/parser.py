@@ -22,6 +22,7 @@ from engine.cli.values import (  # noqa: F401 - parse_args, parse_* are imported
     parse_seeds,
     seed_list,
 )
+from engine.config.sections import EXECUTORS
 from engine.runtime.ray_console import RAY_LOG  # noqa: F401 - the commands import it here
 
 #: Metrics a Tune trial reports and ``dpfl tune`` can maximise. Only public ones (measured
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=checked(seed_list, "--seeds"),
         help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
     )
-    run.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    run.add_argument("--executor", choices=list(EXECUTORS), help="shortcut for ray.executor")
     run.add_argument(
         "--resume",
         metavar="DIR",
@@ -194,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
         "the table shows mean ± std over seeds",
     )
-    cmp_.add_argument("--executor", choices=["ray", "local"], help="shortcut for ray.executor")
+    cmp_.add_argument("--executor", choices=list(EXECUTORS), help="shortcut for ray.executor")
     cmp_.add_argument(
         "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
     )

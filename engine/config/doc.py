@@ -101,7 +101,8 @@ KEY_HELP: dict[str, str] = {
     "recipe.noise_support": "algorithm=custom: all, or public_mask (rand-k's public mask only)",
     "recipe.personal": "algorithm=custom: personal heads kept on each client (DP2-FedSAM)",
     "server.lr": "server step: x <- x + lr * (noisy mean update)",
-    "ray.executor": "ray (actors) or local (in process, identical results)",
+    "ray.executor": "ray (actors), processes (forked on this machine, no Ray) or local (in "
+    "process); identical results",
     "ray.address": "attach to a running cluster, e.g. auto (null: start a local Ray)",
     "ray.num_workers": "client-worker actors (also the number of cohort shards)",
     "ray.num_cpus_per_worker": "CPUs per worker actor (fractions allowed)",

@@ -359,11 +359,16 @@ class ServerConfig:
         _check(self.lr > 0, "server.lr", self.lr, "must be > 0")
 
 
+#: Where a run's client workers and server run (``ray.executor``).
+EXECUTORS = ("ray", "processes", "local")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RayConfig:
     """Execution. ``executor=ray`` runs client workers as Ray actors and the server as
-    an actor or in the driver (``server``); ``executor=local`` runs the identical
-    computation in-process (same results)."""
+    an actor or in the driver (``server``); ``executor=processes`` runs them in
+    processes forked on this machine with the server here, and no Ray;
+    ``executor=local`` runs the identical computation in-process (same results)."""
 
     executor: str = "ray"
     address: str | None = None
@@ -382,7 +387,10 @@ class RayConfig:
 
     def __post_init__(self) -> None:
         _check(
-            self.executor in ("ray", "local"), "ray.executor", self.executor, "must be ray or local"
+            self.executor in EXECUTORS,
+            "ray.executor",
+            self.executor,
+            "must be " + ", ".join(EXECUTORS),
         )
         _check(self.num_workers >= 1, "ray.num_workers", self.num_workers, "must be >= 1")
         _check(

@@ -136,7 +136,8 @@ def public_steps(config: RunConfig, pipeline) -> int | None:
 
 
 def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None = None) -> Executor:
-    """The worker pool of a prepared run: in process, or Ray actors (Ray starts here)."""
+    """The worker pool of a prepared run: in process, in forked processes, or Ray
+    actors (Ray starts here)."""
     from engine.federated.client import LocalSpec
     from engine.federated.server import ServerSpec
     from engine.runtime.local_pool import local_executor
@@ -188,6 +189,10 @@ def make_executor(prep: Prepared, run_name: str = "dpfl", state_dir: str | None 
     )
     if cfg.ray.executor == "local":
         return local_executor(prep.dataset, server, local, cfg.ray.num_workers)
+    if cfg.ray.executor == "processes":
+        from engine.runtime.process_pool import process_executor
+
+        return process_executor(prep.dataset, server, local, cfg.ray.num_workers)
     return ray_executor(prep.dataset, server, local, cfg.ray, run_name=run_name)
 
 

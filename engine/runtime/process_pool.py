@@ -1,0 +1,284 @@
+"""The process worker pool (``ray.executor=processes``): client workers in processes
+forked from this one, the server in this process, and no Ray at all.
+
+A single machine's run then pays none of Ray's start: no GCS, raylet, dashboard or
+agents, no object store, no worker processes that import torch and dpfl afresh. Each
+client worker is forked once, after the data set is built, so it starts with every
+module imported and the data set's pages shared with this process; where forking is
+not safe (:mod:`engine.runtime.forking`) the workers come from a fork server instead.
+
+The computation is :class:`engine.runtime.local_pool.InProcessPool`'s, spread over
+processes exactly as the Ray pool spreads it over actors: the same shards
+(:func:`engine.federated.client.shard_cohort`), each trained by one
+:class:`engine.federated.client.ClientWorker` into one partial sum, reduced by the
+server in shard order; client randomness is keyed by (seed, round, client) and a
+client with state always lands on the same worker. Hence the models are the in-process
+executor's bit for bit (tested). The round's noise is drawn by the server's thread in
+this process while the shards train, from the same stream.
+
+Privacy: nothing changes. Weights, public state and partial sums cross a pipe between
+processes of this machine instead of Ray's object store; the server alone adds the
+noise and accounts. A worker that dies is not restarted: the run stops with
+:class:`engine.runtime.executors.WorkerLostError`, the rounds released so far are
+intact, and ``dpfl run --resume`` continues from the last checkpoint (the Ray executor
+is the one that retries lost shards).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from engine.data.federated import FederatedDataset
+from engine.federated.client import ClientWorker, LocalSpec, owner_shard
+from engine.federated.server import Server, ServerSpec
+from engine.runtime.executors import Executor, WorkerLostError, round_plan
+from engine.runtime.forking import pin_threads, process_context
+from engine.telemetry import timeline
+from engine.telemetry.phases import OFF
+
+_Played = TypeVar("_Played")
+#: What a fork server imports once before it forks a client worker (used only where a
+#: fork of this process is not safe).
+PRELOAD = ("torch", "engine.federated.client", "engine.federated.vectorized")
+#: Seconds a client worker may take to build its model and answer.
+START_TIMEOUT_S = 300.0
+_OK, _ERROR = "ok", "error"
+
+
+def process_executor(
+    dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec, num_workers: int
+) -> Executor:
+    """Client workers in ``num_workers`` processes, the server here (module docstring)."""
+    pool = ProcessPool(dataset, server_spec, local_spec, num_workers)
+    return Executor(pool, round_plan(dataset, server_spec, local_spec, num_workers))
+
+
+def serve(conn: Any, dataset: FederatedDataset, spec: LocalSpec, parent: int) -> None:
+    """A client worker's process: pin its threads, build its
+    :class:`ClientWorker`, then answer ``(method, args)`` calls in order until told to
+    stop (None), its pipe closes, or the process that started it is gone."""
+    pin_threads(spec.num_threads)
+    try:
+        worker = ClientWorker(dataset, spec)
+        conn.send((_OK, worker.ping()))
+    except BaseException:  # noqa: BLE001 - reported to the driver, which raises it
+        conn.send((_ERROR, traceback.format_exc()))
+        return
+    while True:
+        while not conn.poll(1.0):
+            if os.getppid() != parent:  # the driver died: nothing will ask again
+                return
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):
+            return
+        if call is None:
+            return
+        name, args = call
+        try:
+            conn.send((_OK, getattr(worker, name)(*args)))
+        except BaseException:  # noqa: BLE001 - reported to the driver, which raises it
+            conn.send((_ERROR, traceback.format_exc()))
+
+
+class WorkerFailedError(RuntimeError):
+    """A client worker's call raised: its traceback, from the worker's process."""
+
+
+class ProcessPool:
+    """Client workers in forked processes, the server in this process (module
+    docstring); what :func:`engine.runtime.executors.play_round` calls."""
+
+    retries = 0  # a lost worker is not restarted
+    #: evaluations run in the round loop's order, not beside the next round's training
+    overlaps_evaluation = False
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        server_spec: ServerSpec,
+        local_spec: LocalSpec,
+        num_workers: int,
+    ) -> None:
+        self.personal = local_spec.pipeline.personal is not None
+        self.timer: Any = OFF
+        self.conns: list[Any] = []
+        self.processes: list[Any] = []
+        self.server: Server | None = None
+        # The workers first: forking is safe only while this process runs no thread
+        # (the server starts its noise thread later, at its first round).
+        ctx = process_context(local_spec.num_threads, PRELOAD)
+        try:
+            for i in range(num_workers):
+                mine, theirs = ctx.Pipe()
+                p = ctx.Process(
+                    target=serve,
+                    args=(theirs, dataset, local_spec, os.getpid()),
+                    name=f"dpfl-client-worker-{i}",
+                    daemon=True,
+                )
+                p.start()
+                theirs.close()  # the worker's end: only the worker holds it now
+                self.conns.append(mine)
+                self.processes.append(p)
+            self.server = Server(dataset, server_spec)
+            for i in range(num_workers):
+                self._receive(i, "starting", None, START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        timeline.mark("workers ready")
+
+    # ------------------------------------------------------------------ plumbing
+    def _send(self, i: int, name: str, *args: Any) -> None:
+        try:
+            self.conns[i].send((name, args))
+        except (BrokenPipeError, OSError) as e:
+            raise self._lost(i, name, None) from e
+
+    def _receive(self, i: int, name: str, rnd: int | None, timeout: float | None = None) -> Any:
+        conn, process = self.conns[i], self.processes[i]
+        try:
+            if timeout is not None and not conn.poll(timeout):
+                raise self._lost(i, name, rnd, f"no answer within {timeout:.0f} s")
+            status, value = conn.recv()
+        except (EOFError, OSError) as e:
+            process.join(1.0)
+            raise self._lost(i, name, rnd) from e
+        if status == _ERROR:
+            raise WorkerFailedError(f"{process.name} ({name}) raised:\n{value}")
+        return value
+
+    def _lost(self, i: int, name: str, rnd: int | None, why: str = "") -> WorkerLostError:
+        p = self.processes[i]
+        how = why or f"exit code {p.exitcode}"
+        where = f"round {rnd + 1}: " if rnd is not None else ""
+        intact = f" The {rnd} completed rounds are intact." if rnd is not None else ""
+        return WorkerLostError(
+            f"{where}{p.name} (pid {p.pid}) died during {name} ({how}); "
+            f"ray.executor=processes does not restart workers, stopping.{intact}"
+        )
+
+    def _call_all(self, name: str, per_worker: list[tuple], rnd: int | None) -> list:
+        """``name(*args)`` on worker i for each i, all at once; their answers in order."""
+        for i, args in enumerate(per_worker):
+            self._send(i, name, *args)
+        return [self._receive(i, name, rnd) for i in range(len(per_worker))]
+
+    def _spread(self, name: str, items: list, prefix: tuple, rnd: int | None) -> list:
+        """``name(*prefix, *item)`` for each item, item j on worker j mod k, in rounds of
+        one item per worker; the answers in the items' order."""
+        k = len(self.conns)
+        out: list = []
+        for start in range(0, len(items), k):
+            batch = items[start : start + k]
+            out += self._call_all(name, [(*prefix, *item) for item in batch], rnd)
+        return out
+
+    # ------------------------------------------------------ what play_round calls
+    def set_timer(self, timer: Any) -> None:
+        """The driver's and the server's phases go to ``timer`` (workers time nothing)."""
+        self.timer = timer
+        assert self.server is not None
+        self.server.timer = timer
+
+    def begin_round(self, rnd: int) -> tuple[np.ndarray, Any, Any]:
+        assert self.server is not None
+        return self.server.begin_round(rnd)
+
+    def train(
+        self,
+        rnd: int,
+        shards: list[np.ndarray],
+        weights: Any,
+        public: Any,
+        while_training: Callable[[], None] | None = None,
+    ) -> list:
+        """Every shard's partial sum; shard i trains on worker i. The round's noise is
+        drawn here while they train (it depends on no client data)."""
+        assert self.server is not None
+        with self.timer.phase("dispatch"):
+            for i, shard in enumerate(shards):
+                self._send(i, "train_shard", weights, rnd, shard, public)
+        self.server.prefetch_noise(rnd)
+        if while_training is not None:
+            while_training()
+        with self.timer.phase("train_wait"):
+            return [self._receive(i, "train_shard", rnd) for i in range(len(shards))]
+
+    def finish_round(self, rnd: int, partials: list) -> dict:
+        assert self.server is not None
+        return self.server.finish_round(rnd, *partials, evaluate=False)
+
+    def current_weights(self) -> np.ndarray:
+        assert self.server is not None
+        return self.server.get_weights()
+
+    def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        return self._spread("evaluate_slice", list(slices), (weights,), None)
+
+    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        return self.evaluate(weights, slices)  # not overlapped: now, the sums themselves
+
+    def evaluation_sums(
+        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
+    ) -> list | None:
+        return refs
+
+    def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
+        return self._spread("personal_eval", [(c,) for c in clients], (weights,), None)
+
+    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played:
+        return play()
+
+    def weights(self) -> np.ndarray:
+        return self.current_weights()
+
+    def checkpoint_handle(self) -> None:
+        return None  # nothing runs beside the loop: checkpoint() reads the state now
+
+    def checkpoint(self, handle: None = None) -> dict:
+        """Server state plus every worker's per-client state (personal heads only)."""
+        assert self.server is not None
+        clients: dict = {}
+        if self.personal:
+            for part in self._call_all("client_state", [()] * len(self.conns), None):
+                clients.update(part)
+        return {"server": self.server.state_dict(), "clients": clients}
+
+    def restore(self, state: dict) -> None:
+        """Each client's state to the worker that trains it (sticky shards)."""
+        assert self.server is not None
+        self.server.load_state_dict(state["server"])
+        clients = state.get("clients", {})
+        k = len(self.conns)
+        owners = owner_shard(np.fromiter(clients, np.int64, len(clients)), k)
+        parts = [
+            ({c: v for (c, v), o in zip(clients.items(), owners) if o == i},) for i in range(k)
+        ]
+        self._call_all("restore_client_state", parts, None)
+
+    def close(self) -> None:
+        """Stop the workers (asked, then terminated after a grace period) and the
+        server's noise thread."""
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.processes:
+            p.join(5.0)
+            if p.is_alive():
+                p.terminate()
+                p.join(5.0)
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.processes = [], []
+        if self.server is not None:
+            self.server.close()
+            self.server = None

@@ -1,0 +1,152 @@
+"""``ray.executor=processes``: client workers forked on this machine, no Ray.
+
+Every recipe's rows and final model equal the in-process executor's bit for bit (the
+same shards, the same reduction order, the same streams); a resume from a checkpoint
+restores each client's state to the worker that trains it; a worker that raises or
+dies stops the run with an error naming it; no Ray module is imported and no worker
+outlives the run."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from algorithms import RECIPES
+from engine.config import ConfigError, load_config
+from engine.runtime.executors import WorkerLostError
+from engine.runtime.process_pool import WorkerFailedError
+from engine.simulation import simulate
+
+TINY = [
+    "dataset.num_clients=24",
+    "dataset.synthetic_mean_samples=12",
+    "dataset.synthetic_dim=8",
+    "sampling.rate=0.4",
+    "rounds=2",
+    "eval.every=1",
+    "local.epochs=1",
+    "local.batch_size=8",
+    "privacy.noise_multiplier=1.0",
+    "ray.num_workers=2",
+]
+#: what differs between two runs of one computation: the clock
+TIMES = {"wall_time_s_nonprivate"}
+
+
+def _run(name: str, executor: str, *extra: str, **kwargs):
+    config = load_config(overrides=[*TINY, f"algorithm={name}", f"ray.executor={executor}", *extra])
+    return simulate(config, write=False, **kwargs)
+
+
+def _assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    cols = [c for c in a.columns if c not in TIMES]
+    assert set(cols) == set(b.columns) - TIMES
+    pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_equals_the_in_process_executor(name: str) -> None:
+    forked = _run(name, "processes")
+    local = _run(name, "local")
+    assert len(forked.rounds) == 2
+    assert np.array_equal(forked.weights, local.weights)
+    _assert_same_rows(forked.rounds, local.rounds)
+
+
+def test_three_workers_split_the_cohort_like_three_in_process_shards() -> None:
+    forked = _run("dp_fedavg", "processes", "ray.num_workers=3")
+    local = _run("dp_fedavg", "local", "ray.num_workers=3")
+    assert np.array_equal(forked.weights, local.weights)
+    _assert_same_rows(forked.rounds, local.rounds)
+
+
+def test_resume_restores_each_clients_state_to_its_worker() -> None:
+    """dp2_fedsam keeps a personal head per client in the worker that trains it: a
+    run resumed from round 2's checkpoint (its heads spread back over the workers by
+    owner) equals the uninterrupted run, personal accuracy included."""
+    taken: dict[int, dict] = {}
+
+    def keep(state: dict, row: dict) -> None:
+        taken[int(row["round"])] = copy.deepcopy(state)
+
+    extra = ("rounds=4", "dataset.client_test_fraction=0.25")
+    full = _run("dp2_fedsam", "processes", *extra, on_checkpoint=keep)
+    heads = taken[2]["clients"]
+    assert len(heads) > 0  # the checkpoint holds client state from both workers
+    resumed = _run("dp2_fedsam", "processes", *extra, resume=taken[2])
+    assert np.array_equal(resumed.weights, full.weights)
+    tail = full.rounds[full.rounds["round"] > 2].reset_index(drop=True)
+    _assert_same_rows(resumed.rounds[resumed.rounds["round"] > 2].reset_index(drop=True), tail)
+    assert resumed.rounds["personal_accuracy_nonprivate"].notna().any()
+
+
+def test_a_worker_that_raises_stops_the_run_with_its_traceback(monkeypatch) -> None:
+    from engine.federated import client
+
+    def boom(self, *args, **kwargs):
+        raise ValueError("boom in the worker")
+
+    # forked workers inherit this process's classes, the patch included
+    monkeypatch.setattr(client.ClientWorker, "train_shard", boom)
+    with pytest.raises(WorkerFailedError, match="boom in the worker") as err:
+        _run("dp_fedavg", "processes")
+    assert "dpfl-client-worker-0 (train_shard) raised" in str(err.value)
+
+
+def test_a_killed_worker_stops_the_run_naming_it_and_the_intact_rounds() -> None:
+    pids: list[int] = []
+
+    def kill_after_round_one(row: dict, executor) -> None:
+        if row["round"] == 1:
+            pids.extend(p.pid for p in executor.pool.processes)
+            os.kill(executor.pool.processes[1].pid, signal.SIGKILL)
+
+    with pytest.raises(WorkerLostError) as err:
+        _run("dp_fedavg", "processes", "rounds=3", on_round=kill_after_round_one)
+    text = str(err.value)
+    assert "round 2: dpfl-client-worker-1" in text and "The 1 completed rounds are intact" in text
+    for pid in pids:  # closed: none of the run's workers is left
+        assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for this purpose
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_no_ray_and_no_worker_left_after_a_run() -> None:
+    """In a fresh interpreter: a run on forked workers imports no Ray module, and its
+    workers have exited when simulate returns."""
+    code = (
+        "import sys, multiprocessing as mp\n"
+        "from engine.config import load_config\n"
+        "from engine.simulation import simulate\n"
+        f"c = load_config(overrides={[*TINY, 'ray.executor=processes']!r})\n"
+        "r = simulate(c, write=False)\n"
+        "print(len(r.rounds), sorted(m for m in sys.modules if m == 'ray' or "
+        "m.startswith('ray.')), len(mp.active_children()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.split("\n")[-2] == "2 [] 0"
+
+
+def test_an_unknown_executor_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ConfigError, match="ray.executor.*ray, processes, local"):
+        load_config(overrides=["ray.executor=threads"])
