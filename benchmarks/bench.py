@@ -215,6 +215,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--workers", type=int, default=2, help="dpfl client-worker actors")
     p.add_argument(
+        "--executors",
+        default="ray",
+        help="w1: the ray.executor values dpfl runs under, each against the same floor "
+        "runs (e.g. ray,processes)",
+    )
+    p.add_argument(
         "--clients-per-batch", type=int, default=None, help="ray.clients_per_worker_batch"
     )
     p.add_argument(
@@ -240,6 +246,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.repeats < 1 or a.workers < 1 or (a.rounds is not None and a.rounds < 1):
         p.error("--repeats, --workers and --rounds must be >= 1")
+    a.executors = [e.strip() for e in a.executors.split(",") if e.strip()]
+    if not a.executors or set(a.executors) - {"ray", "processes", "local"}:
+        p.error(f"--executors {a.executors}: give ray, processes and/or local")
     return a
 
 

@@ -86,13 +86,16 @@ def write_w1_files(w: Workload, root: Path, n_train: int = W1_TRAIN) -> Path:
     return root
 
 
-def w1_overrides(w: Workload, root: Path, workers: int, memory_format: str) -> list[str]:
+def w1_overrides(
+    w: Workload, root: Path, workers: int, memory_format: str, executor: str = "ray"
+) -> list[str]:
     """``dpfl run --set`` overrides for W1: dpfl's defaults otherwise. Every client's
     examples are trained on: ``dataset.client_test_fraction=0`` explicitly (the
     default holds out a share of each client for personal metrics)."""
     out = dpfl_overrides(w, workers, None, False, memory_format)
-    out = [o for o in out if not o.startswith("dataset.name=")]
+    out = [o for o in out if not o.startswith(("dataset.name=", "ray.executor="))]
     return out + [
+        f"ray.executor={executor}",
         "dataset.name=mnist",
         f"dataset.root={root}",
         "dataset.partition=iid",
@@ -163,23 +166,27 @@ def run_w1_floor(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> d
     }
 
 
-def run_w1_dpfl(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> dict[str, Any]:
-    """One whole ``dpfl run -q`` process; its phases from ``DPFL_TIMELINE``."""
+def run_w1_dpfl(
+    args: argparse.Namespace, root: Path, tmp: Path, tag: str, executor: str = "ray"
+) -> dict[str, Any]:
+    """One whole ``dpfl run -q`` process under ``ray.executor=executor``; its phases
+    from ``DPFL_TIMELINE``."""
     import pandas as pd
 
     w = dataclasses.replace(W1, seed=args.seed, rounds=args.rounds or W1.rounds)
-    timeline = tmp / f"timeline-{tag}.jsonl"
-    out = tmp / f"dpfl-{tag}"
+    timeline = tmp / f"timeline-{executor}-{tag}.jsonl"
+    out = tmp / f"dpfl-{executor}-{tag}"
     exe = Path(sys.executable).with_name("dpfl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
     cmd += ["run", "-q", "--out", str(out)]
-    for o in w1_overrides(w, root, args.workers, args.memory_format):
+    for o in w1_overrides(w, root, args.workers, args.memory_format, executor):
         cmd += ["--set", o]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["DPFL_TIMELINE"] = str(timeline)
-    # sampled until a client worker runs its first shard (its title names the method)
+    # sampled until a Ray client worker runs its first shard (its title names the
+    # method); forked workers keep their parent's title, so sampled to the end
     t0, t1, rc, tail, cpu = cpu_until_mark(
-        cmd, env, timeline, "rounds start", stop_title="train_shard"
+        cmd, env, timeline, "rounds start", stop_title="train_shard" if executor == "ray" else None
     )
     if rc != 0:
         raise RuntimeError(f"dpfl run exited {rc}:\n{tail}")
@@ -196,7 +203,8 @@ def run_w1_dpfl(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> di
     # The driver's path to round 1 is a sequence; Ray starts in its own thread from
     # before the imports (engine.runtime.ray_start), so its span overlaps that path and
     # only what the driver waited for it after "prepared" is on the path.
-    ray_ready = max(m["prepared"], m["ray.init done"]) if "ray.init done" in m else math.nan
+    # Without Ray (ray.executor=processes) the workers start right after "prepared".
+    ray_ready = max(m["prepared"], m["ray.init done"]) if "ray.init done" in m else m["prepared"]
     return {
         "whole_s": whole,
         "round_loop_s": loop,
@@ -250,15 +258,20 @@ def w1_main(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dpfl-w1-"))
     root = write_w1_files(w, tmp / "data")
     floors: list[dict[str, Any]] = []
-    dpfls: list[dict[str, Any]] = []
+    dpfls: dict[str, list[dict[str, Any]]] = {e: [] for e in args.executors}
     for r in range(args.repeats):
-        for side, fn, runs in (("floor", run_w1_floor, floors), ("dpfl", run_w1_dpfl, dpfls)):
+        sides = [("floor", lambda *a: run_w1_floor(*a), floors)]
+        sides += [
+            (f"dpfl ({e})", lambda *a, e=e: run_w1_dpfl(*a, executor=e), dpfls[e])
+            for e in args.executors
+        ]
+        for side, fn, runs in sides:
             load0 = load_average()
             res = fn(args, root, tmp, f"{r}")
             res["load"] = f"{load0} -> {load_average()}"
             runs.append(res)
             print(
-                f"[{r + 1}/{args.repeats}] {side:5s}: whole {res['whole_s']:.2f} s = fixed "
+                f"[{r + 1}/{args.repeats}] {side}: whole {res['whole_s']:.2f} s = fixed "
                 f"{res['fixed_s']:.2f} + round loop {res['round_loop_s']:.2f} + final "
                 f"evaluation {res['eval_s']:.2f}; {res['client_updates']} client updates, "
                 f"test_accuracy={res['test_accuracy']:.4f} [load {res['load']}]",
@@ -279,11 +292,6 @@ def w1_main(args: argparse.Namespace) -> int:
                     "    overlapping the above: "
                     + ", ".join(f"{k} {v:.2f}" for k, v in res["concurrent"].items())
                 )
-    med = {
-        k: (median_of(floors, k), median_of(dpfls, k))
-        for k in ("whole_s", "round_loop_s", "eval_s", "fixed_s")
-    }
-    print(f"\n== W1 against the tight floor (medians of {args.repeats}) ==")
     # whole process: the sweep-speed target (<= 0.58 of the one-thread loop on 2 cores)
     targets = {"whole_s": 0.58, "round_loop_s": 0.55, "eval_s": 0.55}
     names = {
@@ -292,18 +300,22 @@ def w1_main(args: argparse.Namespace) -> int:
         "eval_s": "final evaluation",
         "fixed_s": "fixed costs",
     }
-    for k, (f, d) in med.items():
-        tgt = targets.get(k)
-        verdict = f" (target <= {tgt}: {'met' if d / f <= tgt else 'missed'})" if tgt else ""
-        print(f"{names[k]:18s} floor {f:7.2f} s  dpfl {d:7.2f} s  ratio {d / f:.3f}{verdict}")
-    fixed = median_of(dpfls, "fixed_s")
-    print(
-        f"dpfl fixed costs: start to round 1 {median_of(dpfls, 'start_to_round1_s'):.2f} s "
-        f"(first round included), last round to exit "
-        f"{median_of(dpfls, 'last_round_to_exit_s'):.2f} s (final evaluation included); "
-        f"outside rounds and final evaluation {fixed:.2f} s (target <= 4 s: "
-        f"{'met' if fixed <= 4.0 else 'missed'})"
-    )
+    for executor, runs in dpfls.items():
+        print(f"\n== W1, ray.executor={executor}, against the tight floor "
+              f"(medians of {args.repeats}) ==")  # fmt: skip
+        for k, label in names.items():
+            f, d = median_of(floors, k), median_of(runs, k)
+            tgt = targets.get(k)
+            verdict = f" (target <= {tgt}: {'met' if d / f <= tgt else 'missed'})" if tgt else ""
+            print(f"{label:18s} floor {f:7.2f} s  dpfl {d:7.2f} s  ratio {d / f:.3f}{verdict}")
+        fixed = median_of(runs, "fixed_s")
+        print(
+            f"dpfl fixed costs: start to round 1 {median_of(runs, 'start_to_round1_s'):.2f} s "
+            f"(first round included), last round to exit "
+            f"{median_of(runs, 'last_round_to_exit_s'):.2f} s (final evaluation included); "
+            f"outside rounds and final evaluation {fixed:.2f} s (target <= 4 s: "
+            f"{'met' if fixed <= 4.0 else 'missed'})"
+        )
     print(
         f"floor time per local step {median_of(floors, 'step_ms'):.2f} ms "
         f"({floors[-1]['steps']} steps, layout {floors[-1]['layout']}); "
