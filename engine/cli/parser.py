@@ -353,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lb.add_argument("--seeds", type=int, help="fresh seeds for the selected configuration (5)")
     lb.add_argument(
+        "--processes",
+        type=int,
+        help="runs at once, each in its own process (default: one per CPU with "
+        "ray.executor=local, else 1); results do not depend on it",
+    )
+    lb.add_argument(
         "--tuning-privacy",
         choices=["compose", "poisson", "truncated_negative_binomial"],
         help="how the search is paid for (compose: every trial accounted)",

@@ -324,6 +324,6 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     settings = settings_from(section, flags)
     echo = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     with quiet_ray(out, args.verbose, config.ray.executor == "ray", defer=True):
-        run_leaderboard(settings, config, out.resolve(), resume, echo)
+        run_leaderboard(settings, config, out.resolve(), resume, echo, args.processes)
     print(f"results: {out / 'leaderboard.md'} (dpfl leaderboard --resume {out} continues it)")
     return 0

@@ -53,7 +53,9 @@ def _write_config(folder: Path, text: str = YAML) -> Path:
 def board(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("board")
     out = root / "lb"
-    assert main(["leaderboard", "-q", "--config", str(_write_config(root)), "--out", str(out)]) == 0
+    config = str(_write_config(root))
+    args = ["leaderboard", "-q", "--config", config, "--out", str(out), "--processes", "2"]
+    assert main(args) == 0
     return out
 
 
@@ -157,7 +159,16 @@ def test_selection_never_reads_the_test_set(board, tmp_path, monkeypatch) -> Non
     out = tmp_path / "scrambled"
     assert (
         main(
-            ["leaderboard", "-q", "--config", str(_write_config(tmp_path, text)), "--out", str(out)]
+            [
+                "leaderboard",
+                "-q",
+                "--config",
+                str(_write_config(tmp_path, text)),
+                "--out",
+                str(out),
+                "--processes",
+                "1",  # the patched reader must be this process's
+            ]
         )
         == 0
     )
@@ -194,7 +205,10 @@ def test_resume_continues_to_the_uninterrupted_result(board, tmp_path, capsys) -
     sim.simulate = dying
     try:
         with pytest.raises(Crash):
-            main(["leaderboard", "-q", "--config", str(config), "--out", str(out)])
+            main(
+                ["leaderboard", "-q", "--config", str(config), "--out", str(out)]
+                + ["--processes", "1"]
+            )  # fmt: skip - the patched simulate is this process's
     finally:
         sim.simulate = real
     kept = (out / "runs" / "dp_fedavg-eps1-trial0" / "rows.parquet").read_bytes()
@@ -222,6 +236,38 @@ def test_resume_continues_to_the_uninterrupted_result(board, tmp_path, capsys) -
         a, b = _cell(out, name), _cell(board, name)
         assert (a["selected"], a["seed_runs"]) == (b["selected"], b["seed_runs"])
         assert len(a["sittings"]) == (2 if name == "dp_fedsam-eps1" else 1)
+
+
+def test_runs_in_a_pool_equal_runs_one_after_another(board, tmp_path) -> None:
+    """The board ran two runs at a time in a pool of processes: the same leaderboard run
+    one run after another in this process gives the same rows, selections and seed
+    results bit for bit (every draw, seed and σ is fixed before any run)."""
+    out = tmp_path / "sequential"
+    config = str(_write_config(tmp_path))
+    assert (
+        main(["leaderboard", "-q", "--config", config, "--out", str(out), "--processes", "1"]) == 0
+    )
+    got, want = _rows(out), _rows(board)
+    cols = [c for c in want.columns if c not in TIMING]
+    key = ["run_id", "round"]
+    pd.testing.assert_frame_equal(
+        got.sort_values(key, ignore_index=True)[cols],
+        want.sort_values(key, ignore_index=True)[cols],
+        check_exact=True,
+    )
+    for path in sorted((board / "cells").glob("*.json")):
+        a, b = _cell(out, path.stem), _cell(board, path.stem)
+        assert (a["selected"], a["seed_runs"]) == (b["selected"], b["seed_runs"])
+        assert a.get("released_epsilon") == b.get("released_epsilon")
+
+
+def test_processes_other_than_local_runs_are_refused(tmp_path, capsys) -> None:
+    config = str(_write_config(tmp_path, YAML.replace("executor: local", "executor: processes")))
+    args = ["leaderboard", "--config", config, "--out", str(tmp_path / "x"), "--processes", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--processes=2 with ray.executor=processes" in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_outputs_state_the_threat_model_once_and_the_rule(board) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from engine.base.atomic import atomic_write
 from engine.config import RunConfig, replace, with_algorithm
 from tuning import selection
 from tuning.leaderboard import draws
-from tuning.leaderboard.runs import SEED, TRIAL, PlannedRun, check_run, execute
+from tuning.leaderboard.runs import SEED, TRIAL, PlannedRun, check_run
 from tuning.leaderboard.settings import PERSONAL_METRIC, SELECTION_METRIC
 
 RANKED, REFERENCE, PERSONAL = "ranked", "reference", "personal"
@@ -189,11 +190,12 @@ def run_cell(
     own: dict,
     budget: dict | None,
     tuning: tuple[str, float, float],
-    data_of: Any,
+    runner: Any,
     echo=print,
 ) -> dict[str, Any]:
-    """Run (or continue) the cell; its record (also written). ``data_of(config)``: the
-    run's data set and validation evaluator."""
+    """Run (or continue) the cell; its record (also written). ``runner``: a
+    :class:`tuning.leaderboard.parallel.RunPool`, which runs the cell's trials (then its
+    seed runs) in this process or several at once."""
     t0 = time.perf_counter()
     record = read_record(out, cell)
     sittings = list(record.get("sittings", []))
@@ -210,13 +212,16 @@ def run_cell(
     if budget is not None:
         record["budget"] = budget
     trials = planned_trials(config, cell, n_trials, shared, own, budget)
-    rows: list[pd.DataFrame] = []
-    for run in trials:
-        rounds = run.config.rounds
-        if check_run(out, run) != "done":
-            echo(f"  {cell.name}: trial {run.index + 1}/{n_trials} (T={rounds}) ...")
-        rows.append(_finish(out, run, data_of))
-        progress()
+    _run_all(
+        out,
+        trials,
+        runner,
+        lambda run: f"trial {run.index + 1}/{n_trials} (T={run.config.rounds})",
+        cell,
+        echo,
+        progress,
+    )
+    rows = [_rows_of(out, run) for run in trials]
     scores = {run.index: final_value(r, cell.metric) for run, r in zip(trials, rows, strict=True)}
     chosen = select(scores)
     if chosen is None:
@@ -239,11 +244,18 @@ def run_cell(
                 raise RuntimeError(f"{cell.name}: released epsilon {eps} above the budget")
             record.update({"released_epsilon": eps, "released_rule": rule})
         finals = []
-        for run in planned_seeds(config, cell, pick, seeds):
-            if check_run(out, run) != "done":
-                echo(f"  {cell.name}: seed run {run.index + 1}/{seeds} ...")
-            r = _finish(out, run, data_of)
-            progress()
+        seed_runs = planned_seeds(config, cell, pick, seeds)
+        _run_all(
+            out,
+            seed_runs,
+            runner,
+            lambda run: f"seed run {run.index + 1}/{seeds}",
+            cell,
+            echo,
+            progress,
+        )
+        for run in seed_runs:
+            r = _rows_of(out, run)
             finals.append(
                 {
                     "seed_index": run.index,
@@ -262,13 +274,34 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
 
-def _finish(out: Path, run: PlannedRun, data_of: Any) -> pd.DataFrame:
-    """The run's rows: read back when finished, else run (or continued) now."""
+def _run_all(
+    out: Path,
+    runs: list[PlannedRun],
+    runner: Any,
+    label: Callable[[PlannedRun], str],
+    cell: Cell,
+    echo: Callable[[str], None],
+    progress: Callable[[], None],
+) -> None:
+    """Run (or continue) every unfinished run of ``runs`` on ``runner``: a line as each
+    starts and ends, the cell's record after each."""
+    todo = [run for run in runs if check_run(out, run) != "done"]
+    for run in todo:
+        echo(f"  {cell.name}: {label(run)} ...")
+
+    def done(run: PlannedRun) -> None:
+        if len(todo) > 1 and getattr(runner, "processes", 1) > 1:
+            echo(f"  {cell.name}: {label(run)} done")
+        progress()
+
+    runner.run(todo, done)
+
+
+def _rows_of(out: Path, run: PlannedRun) -> pd.DataFrame:
+    """A finished run's rows."""
     from tuning.leaderboard.runs import read_rows
 
-    if check_run(out, run) == "done":
-        rows = read_rows(out, run.run_id)
-        assert rows is not None
-        return rows
-    dataset, evaluator = data_of(run.config)
-    return execute(out, run, dataset, evaluator)
+    rows = read_rows(out, run.run_id)
+    if rows is None or check_run(out, run) != "done":
+        raise RuntimeError(f"{run.run_id}: not finished ({out / 'runs' / run.run_id})")
+    return rows

@@ -148,15 +148,29 @@ def write_json_file(path: Path, payload: Any) -> None:
 
 
 def run_leaderboard(
-    settings: LeaderboardSettings, config: RunConfig, out: Path, resume: bool, echo=print
+    settings: LeaderboardSettings,
+    config: RunConfig,
+    out: Path,
+    resume: bool,
+    echo=print,
+    processes: int | None = None,
 ) -> dict[str, dict]:
     """Plan, then run every cell (finished ones are read back); returns the cells'
-    records and writes the outputs after each cell."""
-    from engine.data import build_dataset, check_dataset_files
-    from engine.privacy import rng as rngs
-    from tuning.leaderboard.output import write_outputs
-    from tuning.leaderboard.runs import ValidationEval
+    records and writes the outputs after each cell. ``processes``: runs at once
+    (:mod:`tuning.leaderboard.parallel`; None: its default for the config)."""
+    from engine.data import check_dataset_files
+    from tuning.leaderboard.parallel import RunPool, default_processes
 
+    if processes is None:
+        processes = default_processes(config)
+    elif processes < 1:
+        raise ConfigError(f"--processes={processes}: must be >= 1")
+    elif processes > 1 and config.ray.executor != "local":
+        raise ConfigError(
+            f"--processes={processes} with ray.executor={config.ray.executor}: runs in a "
+            "pool of processes train in their own process (ray.executor=local); use "
+            "--processes 1"
+        )
     check_config(config)
     try:
         check_dataset_files(config.dataset)
@@ -178,18 +192,23 @@ def run_leaderboard(
             out / RECORD_FILE, {"settings": settings.record(), "config": config.to_dict()}
         )
     write_json_file(out / BUDGETS_FILE, records)
-    built: dict[str, tuple[Any, ValidationEval]] = {}
+    runner = RunPool(out, config.seed, processes)
+    try:
+        return _run_cells(settings, config, out, records, counts, runner, echo)
+    finally:
+        runner.close()
 
-    def data_of(run_config: RunConfig) -> tuple[Any, ValidationEval]:
-        """The one data set (the experiment seed's clients and validation set), built
-        once per resolved ``dataset`` section: a personalised recipe's resolves a held-out
-        split of each client's data (the same clients and partition; the split is drawn
-        after it)."""
-        key = json.dumps(run_config.dataset.__dict__, sort_keys=True, default=str)
-        if key not in built:
-            ds = build_dataset(run_config.dataset, rngs.numpy_rng(config.seed, rngs.DATA))
-            built[key] = (ds, ValidationEval(run_config, ds))
-        return built[key]
+
+def _run_cells(
+    settings: LeaderboardSettings,
+    config: RunConfig,
+    out: Path,
+    records: dict[str, dict],
+    counts: dict[float, int],
+    runner: Any,
+    echo,
+) -> dict[str, dict]:
+    from tuning.leaderboard.output import write_outputs
 
     shared = settings.shared()
     tuning = (settings.tuning_privacy, float(settings.trials), settings.tnb_shape)
@@ -214,7 +233,7 @@ def run_leaderboard(
             own,
             records.get(cell.name),
             tuning,
-            data_of,
+            runner,
             echo,
         )
         write_outputs(out, settings, config, cells)
