@@ -116,6 +116,20 @@ def _os_error(e: OSError, args: argparse.Namespace) -> str | None:
     return line
 
 
+def _continue_hint(args: argparse.Namespace) -> str:
+    """How to continue an interrupted command from what it wrote (every run writes its
+    checkpoint before its row, so nothing released is lost)."""
+    folder = getattr(args, "resume", None)
+    folder = folder if isinstance(folder, str) else getattr(args, "out", None)
+    if args.command == "run" and folder:
+        return f"; the rounds written so far are kept: dpfl run --resume {folder} continues"
+    if args.command == "leaderboard" and folder:
+        return f"; finished runs are kept: dpfl leaderboard --resume {folder} continues"
+    if args.command == "tune" and folder:
+        return f"; finished trials are kept: dpfl tune --resume --out {folder} continues"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``dpfl`` with ``argv`` (default: the process's arguments); the exit status."""
     import yaml
@@ -155,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except yaml.YAMLError as e:
         print(f"dpfl: error: {_yaml_error(e, args)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"dpfl: interrupted{_continue_hint(args)}", file=sys.stderr)
+        return 130
     finally:
         if quiet_before is None:
             os.environ.pop(QUIET_ENV, None)

@@ -27,6 +27,7 @@ is the one that retries lost shards).
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -61,7 +62,9 @@ def process_executor(
 def serve(conn: Any, dataset: FederatedDataset, spec: LocalSpec, parent: int) -> None:
     """A client worker's process: pin its threads, build its
     :class:`ClientWorker`, then answer ``(method, args)`` calls in order until told to
-    stop (None), its pipe closes, or the process that started it is gone."""
+    stop (None), its pipe closes, or the process that started it is gone. Ctrl-C is the
+    driver's to handle (it stops the workers), so a worker ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_threads(spec.num_threads)
     try:
         worker = ClientWorker(dataset, spec)

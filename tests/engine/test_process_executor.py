@@ -150,3 +150,52 @@ def test_no_ray_and_no_worker_left_after_a_run() -> None:
 def test_an_unknown_executor_is_refused_naming_the_choices() -> None:
     with pytest.raises(ConfigError, match="ray.executor.*ray, processes, local"):
         load_config(overrides=["ray.executor=threads"])
+
+
+def test_ctrl_c_stops_the_run_and_every_worker(tmp_path) -> None:
+    """SIGINT to the whole process group (a terminal's Ctrl-C) after the first round:
+    the driver stops, the workers (which leave SIGINT to the driver) are stopped by it,
+    and no process of the group is left; the rounds released so far stay on disk."""
+    import time
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "engine.cli", "run", "-q", "--executor", "processes"]
+    for o in [*TINY, "rounds=400", "dataset.synthetic_mean_samples=60", f"out={out}"]:
+        args += ["--set", o]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        path = out / "rounds.parquet"
+        if path.exists() and len(pd.read_parquet(path)) >= 1:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    group = proc.pid  # its own session: the group id is its pid
+    members = [p for p in _group(group) if p != proc.pid]
+    assert len(members) == 2  # the two forked workers
+    os.killpg(group, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in err.decode()  # neither the driver nor a worker printed one
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(p) for p in members):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in members)
+    assert len(pd.read_parquet(out / "rounds.parquet")) >= 1
+
+
+def _group(pgid: int) -> list[int]:
+    """The pids of the process group ``pgid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                pids.append(int(entry))
+    return pids
