@@ -25,10 +25,35 @@ def local_executor(
     return Executor(pool, round_plan(dataset, server_spec, local_spec, num_shards))
 
 
-class InProcessPool:
-    """One server and one client worker in this process; shards run one after another."""
+class RoundsInOrder:
+    """What a pool shares whose evaluations run in the round loop's order (none beside
+    the next round's training) and which retries nothing: an evaluation "behind" is
+    done at once, a round is played once, a checkpoint is read when asked for."""
 
     retries = 0
+    #: nothing runs beside the round loop
+    overlaps_evaluation = False
+
+    def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        raise NotImplementedError
+
+    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list:
+        return self.evaluate(weights, slices)  # in order: now, the sums themselves
+
+    def evaluation_sums(
+        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
+    ) -> list | None:
+        return refs
+
+    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played:
+        return play()
+
+    def checkpoint_handle(self) -> None:
+        return None  # nothing runs beside the loop: checkpoint() reads the state now
+
+
+class InProcessPool(RoundsInOrder):
+    """One server and one client worker in this process; shards run one after another."""
 
     def __init__(
         self, dataset: FederatedDataset, server_spec: ServerSpec, local_spec: LocalSpec
@@ -70,28 +95,11 @@ class InProcessPool:
     def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
         return [self.worker.evaluate_slice(weights, a, b) for a, b in slices]
 
-    #: nothing runs beside the round loop in one process
-    overlaps_evaluation = False
-
-    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list:
-        return self.evaluate(weights, slices)  # in one process: now, the sums themselves
-
-    def evaluation_sums(
-        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
-    ) -> list | None:
-        return refs
-
     def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
         return [self.worker.personal_eval(weights, c) for c in clients]
 
-    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played:
-        return play()
-
     def weights(self) -> np.ndarray:
         return self.server.get_weights()
-
-    def checkpoint_handle(self) -> None:
-        return None  # nothing runs beside the loop here: checkpoint() reads the state now
 
     def checkpoint(self, handle: None = None) -> dict:
         return {"server": self.server.state_dict(), "clients": self.worker.client_state()}

@@ -39,6 +39,7 @@ from engine.federated.client import ClientWorker, LocalSpec, owner_shard
 from engine.federated.server import Server, ServerSpec
 from engine.runtime.executors import Executor, WorkerLostError, round_plan
 from engine.runtime.forking import pin_threads, process_context
+from engine.runtime.local_pool import RoundsInOrder
 from engine.telemetry import timeline
 from engine.telemetry.phases import OFF
 
@@ -93,13 +94,10 @@ class WorkerFailedError(RuntimeError):
     """A client worker's call raised: its traceback, from the worker's process."""
 
 
-class ProcessPool:
+class ProcessPool(RoundsInOrder):
     """Client workers in forked processes, the server in this process (module
-    docstring); what :func:`engine.runtime.executors.play_round` calls."""
-
-    retries = 0  # a lost worker is not restarted
-    #: evaluations run in the round loop's order, not beside the next round's training
-    overlaps_evaluation = False
+    docstring); what :func:`engine.runtime.executors.play_round` calls. A lost worker
+    is not restarted; evaluations run in the round loop's order."""
 
     def __init__(
         self,
@@ -225,25 +223,11 @@ class ProcessPool:
     def evaluate(self, weights: Any, slices: list[tuple[int, int]]) -> list:
         return self._spread("evaluate_slice", list(slices), (weights,), None)
 
-    def evaluate_behind(self, weights: Any, slices: list[tuple[int, int]]) -> list:
-        return self.evaluate(weights, slices)  # not overlapped: now, the sums themselves
-
-    def evaluation_sums(
-        self, rnd: int, refs: list, weights: Any, slices: list[tuple[int, int]], recover: bool
-    ) -> list | None:
-        return refs
-
     def personal_eval(self, weights: Any, clients: list[np.ndarray]) -> list[tuple[int, int]]:
         return self._spread("personal_eval", [(c,) for c in clients], (weights,), None)
 
-    def attempt(self, rnd: int, play: Callable[[], _Played]) -> _Played:
-        return play()
-
     def weights(self) -> np.ndarray:
         return self.current_weights()
-
-    def checkpoint_handle(self) -> None:
-        return None  # nothing runs beside the loop: checkpoint() reads the state now
 
     def checkpoint(self, handle: None = None) -> dict:
         """Server state plus every worker's per-client state (personal heads only)."""

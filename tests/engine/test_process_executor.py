@@ -23,19 +23,8 @@ from engine.config import ConfigError, load_config
 from engine.runtime.executors import WorkerLostError
 from engine.runtime.process_pool import WorkerFailedError
 from engine.simulation import simulate
+from tests.cross_process import CROSS_PROCESS_RECIPES, TINY
 
-TINY = [
-    "dataset.num_clients=24",
-    "dataset.synthetic_mean_samples=12",
-    "dataset.synthetic_dim=8",
-    "sampling.rate=0.4",
-    "rounds=2",
-    "eval.every=1",
-    "local.epochs=1",
-    "local.batch_size=8",
-    "privacy.noise_multiplier=1.0",
-    "ray.num_workers=2",
-]
 #: what differs between two runs of one computation: the clock
 TIMES = {"wall_time_s_nonprivate"}
 
@@ -51,20 +40,7 @@ def _assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
 
 
-#: One recipe per kind of state that crosses the process boundary differently (as in
-#: tests/integration/test_recipes_on_ray.py): plain private and non-private, a personal
-#: head kept in the workers, a server step with state, correlated noise (tree and
-#: banded), a public per-round mask and a server-side top-k.
-FORKED = [
-    "fedavg",
-    "dp_fedavg",
-    "dp2_fedsam",
-    "dp_fedpgn_ls",
-    "dp_ftrl",
-    "dp_bandmf",
-    "fedsmp_randk",
-    "dp_fedsam_topk",
-]
+FORKED = CROSS_PROCESS_RECIPES
 
 
 def test_the_chosen_recipes_exist() -> None:

@@ -15,34 +15,11 @@ import pytest
 from algorithms import RECIPES
 from engine.config import load_config
 from engine.simulation import simulate
+from tests.cross_process import CROSS_PROCESS_RECIPES, TINY
 
 pytestmark = pytest.mark.ray
 
-TINY = [
-    "dataset.num_clients=24",
-    "dataset.synthetic_mean_samples=12",
-    "dataset.synthetic_dim=8",
-    "sampling.rate=0.4",
-    "rounds=2",
-    "eval.every=1",
-    "local.epochs=1",
-    "local.batch_size=8",
-    "privacy.noise_multiplier=1.0",
-    "ray.num_workers=2",
-    "ray.num_cpus_per_worker=1",
-]
-
-
-ON_RAY = [
-    "fedavg",
-    "dp_fedavg",
-    "dp2_fedsam",
-    "dp_fedpgn_ls",
-    "dp_ftrl",
-    "dp_bandmf",
-    "fedsmp_randk",
-    "dp_fedsam_topk",
-]
+ON_RAY = CROSS_PROCESS_RECIPES
 
 
 def test_the_chosen_recipes_exist() -> None:
