@@ -306,3 +306,36 @@ def test_the_decision_rule_on_constructed_differences() -> None:
     # only the seeds both ran are paired; one common seed decides nothing
     one = stats.paired_difference({0: 0.9, 7: 0.1}, {0: 0.5, 8: 0.1})
     assert one.n == 1 and stats.verdict(one) == stats.INCONCLUSIVE
+
+
+PRESETS = sorted(
+    (Path(__file__).resolve().parents[2] / "experiments" / "leaderboard").glob("*.yaml")
+)
+#: what may differ between the CPU-sized grid and its personalised companion: which
+#: recipes each ranks, and nothing of the protocol
+RECIPE_KEYS = ("methods", "personal", "references")
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_every_leaderboard_preset_loads_and_passes_the_checks(path: Path) -> None:
+    from engine.config import load_config, read_yaml_mapping
+    from tuning.leaderboard.command import check_config
+    from tuning.leaderboard.settings import settings_from
+
+    tree = read_yaml_mapping(str(path))
+    settings = settings_from(tree.pop("leaderboard"), {})
+    check_config(load_config(base=tree))
+    assert settings.baseline in settings.methods
+
+
+def test_the_personalised_companion_runs_the_cpu_grids_protocol() -> None:
+    from engine.config import read_yaml_mapping
+
+    root = Path(__file__).resolve().parents[2] / "experiments" / "leaderboard"
+    grid = read_yaml_mapping(str(root / "fashion_mnist_cpu.yaml"))
+    companion = read_yaml_mapping(str(root / "fashion_mnist_cpu_personal.yaml"))
+    a, b = grid.pop("leaderboard"), companion.pop("leaderboard")
+    assert grid == companion  # the same data, model, sampling, evaluation, execution
+    for key in RECIPE_KEYS:
+        a.pop(key, None), b.pop(key, None)
+    assert a == b  # the same baseline, budget, trials, seeds, rounds and shared ranges
