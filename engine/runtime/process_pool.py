@@ -155,6 +155,22 @@ class ProcessPool(RoundsInOrder):
             raise WorkerFailedError(f"{process.name} ({name}) raised:\n{value}")
         return value
 
+    def _receive_all(self, name: str, n: int, rnd: int | None) -> list:
+        """Workers 0..n-1's answers to ``name``, in order. Every answer is read before
+        an error is raised (the first), so no answer is left in a pipe for a later
+        call to take as its own."""
+        answers: list = []
+        first: BaseException | None = None
+        for i in range(n):
+            try:
+                answers.append(self._receive(i, name, rnd))
+            except (WorkerFailedError, WorkerLostError) as e:
+                first = first or e
+                answers.append(None)
+        if first is not None:
+            raise first
+        return answers
+
     def _lost(self, i: int, name: str, rnd: int | None, why: str = "") -> WorkerLostError:
         p = self.processes[i]
         how = why or f"exit code {p.exitcode}"
@@ -169,7 +185,7 @@ class ProcessPool(RoundsInOrder):
         """``name(*args)`` on worker i for each i, all at once; their answers in order."""
         for i, args in enumerate(per_worker):
             self._send(i, name, *args)
-        return [self._receive(i, name, rnd) for i in range(len(per_worker))]
+        return self._receive_all(name, len(per_worker), rnd)
 
     def _spread(self, name: str, items: list, prefix: tuple, rnd: int | None) -> list:
         """``name(*prefix, *item)`` for each item, item j on worker j mod k, in rounds of
@@ -210,7 +226,7 @@ class ProcessPool(RoundsInOrder):
         if while_training is not None:
             while_training()
         with self.timer.phase("train_wait"):
-            return [self._receive(i, "train_shard", rnd) for i in range(len(shards))]
+            return self._receive_all("train_shard", len(shards), rnd)
 
     def finish_round(self, rnd: int, partials: list) -> dict:
         assert self.server is not None
