@@ -60,13 +60,16 @@ def process_executor(
     return Executor(pool, round_plan(dataset, server_spec, local_spec, num_workers))
 
 
-def serve(conn: Any, dataset: FederatedDataset, spec: LocalSpec, parent: int) -> None:
+def serve(conn: Any, dataset: FederatedDataset, spec: LocalSpec) -> None:
     """A client worker's process: pin its threads, build its
     :class:`ClientWorker`, then answer ``(method, args)`` calls in order until told to
     stop (None), its pipe closes, or the process that started it is gone. Ctrl-C is the
     driver's to handle (it stops the workers), so a worker ignores SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_threads(spec.num_threads)
+    # the driver, or the fork server it started: once it is gone this process is
+    # handed to another parent, and nothing will call it again
+    parent = os.getppid()
     try:
         worker = ClientWorker(dataset, spec)
         conn.send((_OK, worker.ping()))
@@ -75,7 +78,7 @@ def serve(conn: Any, dataset: FederatedDataset, spec: LocalSpec, parent: int) ->
         return
     while True:
         while not conn.poll(1.0):
-            if os.getppid() != parent:  # the driver died: nothing will ask again
+            if os.getppid() != parent:  # the driver (or its fork server) died
                 return
         try:
             call = conn.recv()
@@ -119,7 +122,7 @@ class ProcessPool(RoundsInOrder):
                 mine, theirs = ctx.Pipe()
                 p = ctx.Process(
                     target=serve,
-                    args=(theirs, dataset, local_spec, os.getpid()),
+                    args=(theirs, dataset, local_spec),
                     name=f"dpfl-client-worker-{i}",
                     daemon=True,
                 )

@@ -56,6 +56,23 @@ def test_recipe_equals_the_in_process_executor(name: str) -> None:
     _assert_same_rows(forked.rounds, local.rounds)
 
 
+def test_workers_from_a_fork_server_equal_the_in_process_executor(monkeypatch) -> None:
+    """Where forking this process is not safe (a thread running, Ray up) the workers
+    come from a fork server: the same rows, and a worker idle between calls (here
+    1.5 s after each round) keeps waiting for the driver, not for the fork server
+    that is its parent."""
+    import time
+
+    from engine.runtime import forking
+
+    monkeypatch.setattr(forking, "fork_is_safe", lambda threads: False)
+    name = "dp2_fedsam"  # client state in the workers
+    served = _run(name, "processes", on_round=lambda row, ex: time.sleep(1.5))
+    local = _run(name, "local")
+    assert np.array_equal(served.weights, local.weights)
+    _assert_same_rows(served.rounds, local.rounds)
+
+
 def test_three_workers_split_the_cohort_like_three_in_process_shards() -> None:
     forked = _run("dp_fedavg", "processes", "ray.num_workers=3")
     local = _run("dp_fedavg", "local", "ray.num_workers=3")
