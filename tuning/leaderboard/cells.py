@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -42,6 +42,9 @@ from tuning import selection
 from tuning.leaderboard import draws
 from tuning.leaderboard.runs import SEED, TRIAL, PlannedRun, check_run
 from tuning.leaderboard.settings import PERSONAL_METRIC, SELECTION_METRIC
+
+if TYPE_CHECKING:
+    from tuning.leaderboard.parallel import RunPool
 
 RANKED, REFERENCE, PERSONAL = "ranked", "reference", "personal"
 
@@ -190,7 +193,7 @@ def run_cell(
     own: dict,
     budget: dict | None,
     tuning: tuple[str, float, float],
-    runner: Any,
+    runner: RunPool,
     echo=print,
 ) -> dict[str, Any]:
     """Run (or continue) the cell; its record (also written). ``runner``: a
@@ -277,7 +280,7 @@ def _now() -> str:
 def _run_all(
     out: Path,
     runs: list[PlannedRun],
-    runner: Any,
+    runner: RunPool,
     label: Callable[[PlannedRun], str],
     cell: Cell,
     echo: Callable[[str], None],
@@ -290,7 +293,7 @@ def _run_all(
         echo(f"  {cell.name}: {label(run)} ...")
 
     def done(run: PlannedRun) -> None:
-        if len(todo) > 1 and getattr(runner, "processes", 1) > 1:
+        if len(todo) > 1 and runner.processes > 1:
             echo(f"  {cell.name}: {label(run)} done")
         progress()
 
