@@ -14,7 +14,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.base.atomic import atomic_write
 from engine.config import ConfigError, RunConfig, dotted_leaves
@@ -24,6 +24,9 @@ from tuning.budget_search import solve_budget
 from tuning.leaderboard import draws
 from tuning.leaderboard.cells import PERSONAL, RANKED, REFERENCE, Cell, read_record, run_cell
 from tuning.leaderboard.settings import SHARED_KEYS, LeaderboardSettings
+
+if TYPE_CHECKING:
+    from tuning.leaderboard.parallel import RunPool
 
 RECORD_FILE = "leaderboard.json"
 BUDGETS_FILE = "budgets.json"
@@ -205,7 +208,7 @@ def _run_cells(
     out: Path,
     records: dict[str, dict],
     counts: dict[float, int],
-    runner: Any,
+    runner: RunPool,
     echo,
 ) -> dict[str, dict]:
     from tuning.leaderboard.output import write_outputs
