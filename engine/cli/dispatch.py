@@ -145,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_before = os.environ.get(QUIET_ENV)
     if getattr(args, "quiet", False):
         os.environ[QUIET_ENV] = "1"  # read by ensure_ray: no dashboard line
+    from engine.runtime import interrupt
+
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), interrupt.handled():
             warnings.simplefilter("default")
             warnings.formatwarning = _format_warning
             try:

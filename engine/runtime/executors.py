@@ -46,6 +46,7 @@ from engine.data.federated import FederatedDataset
 from engine.federated.client import LocalSpec, client_costs, shard_cohort
 from engine.federated.evaluation import combine_sums, eval_slices
 from engine.federated.server import ServerSpec, is_eval_round
+from engine.runtime import interrupt
 from engine.runtime.ray_start import ensure_ray  # noqa: F401 - the callers import it from here
 from engine.runtime.switches import QUIET_ENV  # noqa: F401 - tests read it from here
 from engine.telemetry import timeline
@@ -264,6 +265,7 @@ class Executor:
         pool = self.pool
         if not pool.overlaps_evaluation:
             for rnd in range(start, stop):
+                interrupt.check()  # a Ctrl-C whose own raise was dropped
                 row = self.run_round(rnd)
                 if release(row, pool.checkpoint):
                     return
@@ -295,6 +297,7 @@ class Executor:
             release_held(recover=False)
 
         for rnd in range(start, stop):
+            interrupt.check()  # a Ctrl-C whose own raise was dropped
 
             def play(rnd: int = rnd) -> tuple[dict, EvaluationBehind | None]:
                 return play_round(

@@ -205,13 +205,16 @@ def test_ctrl_c_stops_the_run_and_every_worker(tmp_path) -> None:
     assert len(members) == 2  # the two forked workers
     os.killpg(group, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    # 130 and one line (dispatch): a dropped raise of the interrupt (engine.runtime.
+    # interrupt) is raised again before the next round, so the run never goes on to 0
+    assert proc.returncode == 130, err.decode()
+    assert "interrupted" in err.decode()
     assert "Traceback" not in err.decode()  # neither the driver nor a worker printed one
     deadline = time.time() + 30
     while time.time() < deadline and any(_alive(p) for p in members):
         time.sleep(0.1)
     assert not any(_alive(p) for p in members)
-    assert len(pd.read_parquet(out / "rounds.parquet")) >= 1
+    assert 1 <= len(pd.read_parquet(out / "rounds.parquet")) < 400
 
 
 def _group(pgid: int) -> list[int]:
