@@ -3,8 +3,9 @@
 CPython runs a signal's Python handler between bytecodes of the main thread, and that
 includes code run from a ``__del__`` method or a garbage-collection callback. A
 ``KeyboardInterrupt`` raised there is printed as "Exception ignored in ..." and
-dropped, and the run goes on as if nothing had been pressed (seen once in the suite: a
-``dpfl run`` sent SIGINT during its rounds exited 0 after its last round).
+dropped, and the run goes on as if nothing had been pressed (``tests/engine/
+test_interrupt.py`` provokes it; the likely cause of a failure seen once in the suite,
+where a ``dpfl run`` sent SIGINT during its rounds exited 0 after its last round).
 
 :func:`handled` (the command line installs it for the command's duration) replaces the
 default handler by one that also *records* the request, and :func:`check` (called by
