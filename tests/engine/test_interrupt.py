@@ -30,6 +30,16 @@ def _ctrl_c_that_is_dropped() -> None:
     del obj  # the interrupt is raised and dropped here
 
 
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Python's own SIGINT handler for each test, as in a fresh ``dpfl`` process (an
+    earlier test in the same process may have left another: Ray's, Tune's), the
+    previous one after it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def dropped(monkeypatch) -> list:
     """The exceptions CPython drops ("Exception ignored in ..."), by type."""
