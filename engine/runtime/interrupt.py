@@ -4,8 +4,7 @@ CPython runs a signal's Python handler between bytecodes of the main thread, and
 includes code run from a ``__del__`` method or a garbage-collection callback. A
 ``KeyboardInterrupt`` raised there is printed as "Exception ignored in ..." and
 dropped, and the run goes on as if nothing had been pressed (``tests/engine/
-test_interrupt.py`` provokes it; the likely cause of a failure seen once in the suite,
-where a ``dpfl run`` sent SIGINT during its rounds exited 0 after its last round).
+test_interrupt.py`` provokes it).
 
 :func:`handled` (the command line installs it for the command's duration) replaces the
 default handler by one that also *records* the request, and :func:`check` (called by
@@ -13,8 +12,9 @@ the round loop before each round) raises ``KeyboardInterrupt`` again if the requ
 was recorded but the run is still going. An interrupt is therefore acted on where it
 arrives or, at the latest, when the round under way ends; the dropped raise is not
 printed (it is not an error: the run stops for it). Nothing else changes: a
-process that installed its own SIGINT handler (Ray Tune, a notebook) keeps it, and
-:func:`check` without :func:`handled` never raises.
+process that installed its own SIGINT handler (Ray Tune, a notebook) keeps it, one
+that ignores SIGINT (``nohup``, a background job of a non-interactive shell) still
+ignores it, and :func:`check` without :func:`handled` never raises.
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ def _ctrl_c_that_is_dropped() -> None:
 
 @pytest.fixture(autouse=True)
 def default_sigint():
-    """Python's own SIGINT handler for each test, as in a fresh ``dpfl`` process (an
-    earlier test in the same process may have left another: Ray's, Tune's), the
+    """Python's own SIGINT handler for each test, as in a ``dpfl`` started from a
+    terminal (the suite may run with SIGINT ignored, as a background job of a
+    non-interactive shell does, or with a handler an earlier test left), the
     previous one after it."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield

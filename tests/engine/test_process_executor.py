@@ -190,8 +190,15 @@ def test_ctrl_c_stops_the_run_and_every_worker(tmp_path) -> None:
     args = [sys.executable, "-m", "engine.cli", "run", "-q", "--executor", "processes"]
     for o in [*TINY, "rounds=400", "dataset.synthetic_mean_samples=60", f"out={out}"]:
         args += ["--set", o]
+    # A terminal's child has SIGINT's default action; a background job of a
+    # non-interactive shell (``.ci/run ... &``) hands SIG_IGN down to every process
+    # it starts, and a process that ignores SIGINT is not interrupted by it.
     proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
