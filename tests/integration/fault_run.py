@@ -79,11 +79,20 @@ def run(
     killed: list[dict] = []
     stats: dict = {}
 
+    scheduled: list[int] = []
+
     def kill_later(row, executor) -> None:
         stats["executor"] = executor
-        if row["round"] < KILL_AFTER_ROUND or len(killed) >= kills:
+        if row["round"] < KILL_AFTER_ROUND - 1 or len(scheduled) >= kills:
             return
-        pid = worker_pid(f"{name}:{target}", address)
+        # Looked up a round ahead: the state API can take seconds, and a lookup made
+        # after round 2 let a quiet machine finish the run before the kill landed.
+        if "pid" not in stats:
+            stats["pid"] = worker_pid(f"{name}:{target}", address)
+        if row["round"] < KILL_AFTER_ROUND:
+            return
+        pid = stats.pop("pid")
+        scheduled.append(pid)
 
         def kill() -> None:
             os.kill(pid, signal.SIGKILL)
