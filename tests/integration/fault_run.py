@@ -24,7 +24,9 @@ from engine.config import load_config, replace
 from engine.simulation import simulate
 
 KILL_AFTER_ROUND = 2
-KILL_DELAY_S = 0.6
+# Short: round 2's row is released beside round 3's training, so the kill lands in
+# round 3 (0.6 s let a quiet machine finish rounds 3-5 first: kills 1, retries 0).
+KILL_DELAY_S = 0.1
 
 
 def config(algorithm: str, restarts: int, server: str = "auto"):
@@ -74,7 +76,7 @@ def worker_pid(name: str, address: str) -> int:
 def run(
     algorithm: str, restarts: int, kills: int, target: str, name: str, address: str, out: str
 ) -> dict:
-    """One run; ``kills`` times, 0.6 s into the round after round 2, SIGKILL the actor
+    """One run; ``kills`` times, KILL_DELAY_S into the round after round 2, SIGKILL the actor
     ``target`` (``client-worker-1`` or ``server``). Results go to ``out``."""
     killed: list[dict] = []
     stats: dict = {}

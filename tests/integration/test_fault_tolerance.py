@@ -2,7 +2,7 @@
 
 ``fault_run.py`` runs in its own Ray (with the dashboard, which the state API needs):
 an uninterrupted run and runs whose ``client-worker-1`` or ``server`` actor is found
-through ``ray.util.state.list_actors`` and SIGKILLed 0.6 s after round 2 ends
+through ``ray.util.state.list_actors`` and SIGKILLed 0.1 s after round 2 ends
 (in round 3, or a later round on a machine fast enough to finish round 3 first). The killed
 runs must equal the uninterrupted ones bit for bit — weights, every round's ε and
 metrics — and a run allowed no restarts must stop with a clear error, leaving its
@@ -106,7 +106,7 @@ def test_no_restarts_left_stops_with_rounds_intact(outcomes) -> None:
     stopped = results[spec]
     assert stopped["error"].startswith("WorkerLostError")
     assert "ray.max_worker_restarts=0" in stopped["error"]
-    # The kill lands 0.6 s after round 2 ends: in round 3, or later on a fast machine.
+    # The kill lands 0.1 s after round 2 ends: in round 3, or later on a fast machine.
     died_in = int(re.match(r"WorkerLostError: round (\d+):", stopped["error"]).group(1))
     assert died_in >= 3
     rows = pd.read_parquet(out / f"run{SCENARIOS.index(spec)}" / "rounds.parquet")
