@@ -24,6 +24,7 @@ from engine.runtime.executors import WorkerLostError
 from engine.runtime.process_pool import WorkerFailedError
 from engine.simulation import simulate
 from tests.cross_process import CROSS_PROCESS_RECIPES, TINY
+from tests.live_rows import released_rounds
 
 #: what differs between two runs of one computation: the clock
 TIMES = {"wall_time_s_nonprivate"}
@@ -202,8 +203,7 @@ def test_ctrl_c_stops_the_run_and_every_worker(tmp_path) -> None:
     )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
-        path = out / "rounds.parquet"
-        if path.exists() and len(pd.read_parquet(path)) >= 1:
+        if released_rounds(out / "rounds.parquet") >= 1:
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted"

@@ -15,6 +15,7 @@ import pytest
 from engine.cli import main
 from engine.config import load_config
 from engine.simulation import simulate
+from tests.live_rows import released_rounds
 
 
 def _overrides(small_overrides: list[str], out: str) -> list[str]:
@@ -40,8 +41,7 @@ def test_driver_killed_then_resumed_equals_uninterrupted(small_overrides, tmp_pa
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        path = crashed / "rounds.parquet"
-        if path.exists() and len(pd.read_parquet(path)) >= 3:
+        if released_rounds(crashed / "rounds.parquet") >= 3:
             os.kill(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.05)
