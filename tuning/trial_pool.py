@@ -81,13 +81,17 @@ def machine_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def default_processes(num_cpus_per_worker: float, n_trials: int, cpus: int | None = None) -> int:
-    """Trial processes for ``n_trials`` trials: one per ``max(1, num_cpus_per_worker)``
-    CPUs (a trial trains on ``max(1, int(num_cpus_per_worker))`` threads), at least
-    one, at most ``n_trials``."""
+def default_processes(
+    num_cpus_per_worker: float, n_trials: int | None = None, cpus: int | None = None
+) -> int:
+    """Processes for ``n_trials`` trials (or runs, the leaderboard's): one per
+    ``max(1, num_cpus_per_worker)`` CPUs (a trial trains on
+    ``max(1, int(num_cpus_per_worker))`` threads), at least one, at most ``n_trials``
+    (no cap when None)."""
     cpus = machine_cpus() if cpus is None else cpus
     per_trial = max(1.0, float(num_cpus_per_worker))
-    return max(1, min(int(n_trials), math.floor(cpus / per_trial)))
+    fit = math.floor(cpus / per_trial)
+    return max(1, fit if n_trials is None else min(int(n_trials), fit))
 
 
 _BODIES: dict[tuple[str, str, float], Any] = {}  # per pool process: one body per cell

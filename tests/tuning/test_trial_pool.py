@@ -119,6 +119,7 @@ def test_auto_runner_and_process_count() -> None:
     assert default_processes(2.0, 8, cpus=8) == 4
     assert default_processes(1.0, 3, cpus=16) == 3
     assert default_processes(4.0, 8, cpus=2) == 1
+    assert default_processes(1.0, cpus=16) == 16  # no cap: the leaderboard's runs
 
 
 def test_process_runner_takes_only_what_it_can_run(tmp_path) -> None:

@@ -53,11 +53,11 @@ def default_processes(config: RunConfig) -> int:
     """One process per CPU share of a run when each run trains in its own process
     (``ray.executor=local``); else 1 (a run of the Ray or process executor starts
     workers of its own)."""
-    from tuning.trial_pool import machine_cpus
+    from tuning import trial_pool
 
     if config.ray.executor != "local":
         return 1
-    return max(1, int(machine_cpus() // max(1.0, float(config.ray.num_cpus_per_worker))))
+    return trial_pool.default_processes(config.ray.num_cpus_per_worker)
 
 
 def _execute(out: str, run: PlannedRun, data_seed: int) -> str:
