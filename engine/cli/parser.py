@@ -85,6 +85,33 @@ def _add_console_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_out_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--out", metavar="DIR", type=checked(nonempty, "--out"), help=help)
+
+
+def _add_overwrite_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
+    )
+
+
+def _add_executor_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=list(EXECUTORS), help="shortcut for ray.executor")
+
+
+def _add_resume_folder_arg(p: argparse.ArgumentParser, help: str) -> None:
+    """``--resume [DIR]``: the folder given, or ``--out``'s when none is."""
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="DIR",
+        type=checked(nonempty, "--resume"),
+        help=help,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from engine.config.doc import keys_epilog
 
@@ -100,11 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_config_args(run)
-    run.add_argument(
-        "--out",
-        metavar="DIR",
-        type=checked(nonempty, "--out"),
-        help="results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)",
+    _add_out_arg(
+        run, "results folder (same as --set out=DIR; default results/<timestamp>-<algorithm>)"
     )
     run.add_argument(
         "--seeds",
@@ -112,16 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=checked(seed_list, "--seeds"),
         help="one run per seed, each in DIR/seed<S>; prints mean ± std of final accuracy",
     )
-    run.add_argument("--executor", choices=list(EXECUTORS), help="shortcut for ray.executor")
+    _add_executor_arg(run)
     run.add_argument(
         "--resume",
         metavar="DIR",
         type=checked(nonempty, "--resume"),
         help="continue an interrupted run from its results folder",
     )
-    run.add_argument(
-        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
-    )
+    _add_overwrite_arg(run)
     _add_console_args(run)
 
     pr = sub.add_parser(
@@ -182,12 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a preset --config (experiments/*.yaml): the paper's setting (default), "
         "the CPU scale on the offline digits data, or the real scale (Fashion-MNIST)",
     )
-    cmp_.add_argument(
-        "--out",
-        metavar="DIR",
-        type=checked(nonempty, "--out"),
-        help="folder (default results/<timestamp>-compare)",
-    )
+    _add_out_arg(cmp_, "folder (default results/<timestamp>-compare)")
     cmp_.add_argument(
         "--seeds",
         metavar="S1,S2,...",
@@ -195,18 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every algorithm with each seed (DIR/seed<S>/<algorithm>); "
         "the table shows mean ± std over seeds",
     )
-    cmp_.add_argument("--executor", choices=list(EXECUTORS), help="shortcut for ray.executor")
-    cmp_.add_argument(
-        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
-    )
-    cmp_.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="DIR",
-        type=checked(nonempty, "--resume"),
-        help="continue the comparison in DIR (or --out) with the settings it started with "
+    _add_executor_arg(cmp_)
+    _add_overwrite_arg(cmp_)
+    _add_resume_folder_arg(
+        cmp_,
+        "continue the comparison in DIR (or --out) with the settings it started with "
         "(compare.json; a flag given again must agree): finished runs are kept, interrupted "
         "ones continue from their checkpoints",
     )
@@ -278,25 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let --metric be a *_nonprivate metric (selection then leaks clients' data)",
     )
-    tu.add_argument(
-        "--out",
-        metavar="DIR",
-        type=checked(nonempty, "--out"),
-        help="experiment folder (default results/<timestamp>-tune)",
-    )
-    tu.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="DIR",
-        type=checked(nonempty, "--resume"),
-        help="continue the experiment in DIR (or --out) with the settings it started with; "
+    _add_out_arg(tu, "experiment folder (default results/<timestamp>-tune)")
+    _add_resume_folder_arg(
+        tu,
+        "continue the experiment in DIR (or --out) with the settings it started with; "
         "a flag given again must agree",
     )
-    tu.add_argument(
-        "--overwrite", action="store_true", help="replace an existing --out folder (deletes it)"
-    )
+    _add_overwrite_arg(tu)
     tu.add_argument("--smoke-test", action="store_true", help="2 rounds, small data")
     tu.add_argument(
         "--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a key"
@@ -363,20 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["compose", "poisson", "truncated_negative_binomial"],
         help="how the search is paid for (compose: every trial accounted)",
     )
-    lb.add_argument(
-        "--out",
-        metavar="DIR",
-        type=checked(nonempty, "--out"),
-        help="a new folder (default results/<time>-leaderboard)",
-    )
-    lb.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="DIR",
-        type=checked(nonempty, "--resume"),
-        help="continue the leaderboard in DIR (or --out) with its settings: finished runs "
+    _add_out_arg(lb, "a new folder (default results/<time>-leaderboard)")
+    _add_resume_folder_arg(
+        lb,
+        "continue the leaderboard in DIR (or --out) with its settings: finished runs "
         "are kept, interrupted ones continue from their checkpoints",
     )
     _add_console_args(lb)
