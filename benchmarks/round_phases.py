@@ -338,6 +338,21 @@ def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
     m._scale_round_trip(wide, narrow, u, (factor,))
     assert torch.equal((u.double() * factor).to(torch.float32), narrow)
 
+    # fedsmp_topk's and LUS's client mask (algorithms.pieces.sparsify.topk_mask) at
+    # dp_fedsam_topk's default kept fraction 0.4: the former stable sort of -|u|
+    # against the current kthvalue path (the same mask).
+    from algorithms.pieces.sparsify import num_kept, topk_mask
+
+    k = num_kept(d, 0.4)
+
+    def sorted_mask() -> torch.Tensor:
+        mask = torch.zeros(d, dtype=torch.bool)
+        mask[torch.sort(-u.abs(), stable=True).indices[:k]] = True
+        return mask
+
+    pairs["top-k mask (fraction 0.4)"] = (sorted_mask, lambda: topk_mask(u, k))
+    assert torch.equal(sorted_mask(), topk_mask(u, k))
+
     # A worker's whole clip-and-sum of one client (engine.federated.client.train_shard):
     # the former whole-vector expressions (before: the norm through vector_norm's own
     # float64 temporary, the scaled cast and its retries through _cast_within, then
@@ -388,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.kernels:
-        for d in (1_663_370, 11_173_962):  # the 28x28 cnn and resnet18_gn
+        for d in (199_210, 1_663_370, 11_173_962):  # the mlp, the 28x28 cnn, resnet18_gn
             kernels(d)
         return 0
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

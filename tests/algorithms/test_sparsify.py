@@ -48,6 +48,31 @@ def test_topk_matches_oracle(values: list[float], data: st.DataObject) -> None:
         assert v.abs()[mask].min() >= v.abs()[~mask].max()
 
 
+def _sorted_topk(v: torch.Tensor, k: int) -> torch.Tensor:
+    """The definition: the first k of a stable sort of -|v| (topk_mask before its O(d)
+    path; NaN sorts after every number)."""
+    mask = torch.zeros(v.numel(), dtype=torch.bool)
+    mask[torch.sort(-v.abs(), stable=True).indices[:k]] = True
+    return mask
+
+
+def test_topk_linear_path_equals_the_sort_on_a_model_sized_vector() -> None:
+    """The kthvalue path gives the sort's mask bit for bit: the mlp's 199,210 float32
+    coordinates with many ties (and ±0, ±inf), and generic ones; NaN takes the sort."""
+    g = torch.Generator().manual_seed(0)
+    tied = torch.randint(-6, 7, (199_210,), generator=g).float()
+    tied[:50] = float("inf")
+    tied[50:60] = -float("inf")
+    tied[60:90] = -0.0
+    generic = torch.randn(199_210, generator=g)
+    for v in (tied, generic):
+        for k in (1, 7, 35_459, 99_605, 199_209):
+            assert torch.equal(topk_mask(v, k), _sorted_topk(v, k)), k
+    with_nan = generic.clone()
+    with_nan[::1000] = float("nan")
+    assert torch.equal(topk_mask(with_nan, 35_459), _sorted_topk(with_nan, 35_459))
+
+
 def test_topk_ties_lower_index_first() -> None:
     v = torch.tensor([1.0, -3.0, 2.0, 3.0, -2.0, 2.0])
     assert topk_mask(v, 1).tolist() == [False, True, False, False, False, False]
