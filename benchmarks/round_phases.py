@@ -341,17 +341,14 @@ def kernels(d: int = 11_173_962, repeats: int = 5) -> None:
     # fedsmp_topk's and LUS's client mask (algorithms.pieces.sparsify.topk_mask) at
     # dp_fedsam_topk's default kept fraction 0.4: the former stable sort of -|u|
     # against the current kthvalue path (the same mask).
-    from algorithms.pieces.sparsify import num_kept, topk_mask
+    from algorithms.pieces.sparsify import num_kept, sorted_topk_mask, topk_mask
 
     k = num_kept(d, 0.4)
-
-    def sorted_mask() -> torch.Tensor:
-        mask = torch.zeros(d, dtype=torch.bool)
-        mask[torch.sort(-u.abs(), stable=True).indices[:k]] = True
-        return mask
-
-    pairs["top-k mask (fraction 0.4)"] = (sorted_mask, lambda: topk_mask(u, k))
-    assert torch.equal(sorted_mask(), topk_mask(u, k))
+    pairs["top-k mask (fraction 0.4)"] = (
+        lambda: sorted_topk_mask(u.abs(), k),
+        lambda: topk_mask(u, k),
+    )
+    assert torch.equal(sorted_topk_mask(u.abs(), k), topk_mask(u, k))
 
     # A worker's whole clip-and-sum of one client (engine.federated.client.train_shard):
     # the former whole-vector expressions (before: the norm through vector_norm's own
