@@ -10,8 +10,10 @@ forked from ``dpfl tune``'s own process, which has imported torch and dpfl, or f
 fork server that has (:mod:`tuning.pool_server`), and each process keeps the
 experiment's data set
 (:func:`tuning.trial.experiment_dataset`), σ's calibration and the lazily imported
-modules from one trial to the next. Trials of all cells are queued at once; a cell's
-rows are compacted as soon as its last trial ends.
+modules from one trial to the next. Trials of all cells are queued at once, the
+longest first (:mod:`tuning.run_order`: when rounds are searched, no long trial starts
+last while the other processes idle); a cell's rows are compacted as soon as its last
+trial ends.
 
 Trial ids, rows, checkpoints, statuses and resume are the driver runner's
 (:mod:`tuning.driver`): trial k of a cell is the same trial under both, with the same
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuning import run_order
 from tuning.driver import (
     STOPPING_ERRNOS,
     cell_trial_ids,
@@ -95,6 +98,25 @@ def default_processes(
 
 
 _BODIES: dict[tuple[str, str, float], Any] = {}  # per pool process: one body per cell
+
+
+def trial_cost(task: TrialTask) -> float:
+    """A trial's work, roughly (:func:`tuning.run_order.work`): its drawn rounds and
+    local passes, else the experiment's. The draw is the one the trial will make
+    (:func:`tuning.trial.sampled_params`, a function of the seed, cell and index)."""
+    from tuning.trial import sampled_params
+
+    cell, base = task.cell, task.cell.base
+    hps: dict[str, Any] = {}
+    if cell.space is not None:
+        seed = int(base["seed"])
+        hps = sampled_params(cell.space, seed, cell.algorithm, cell.epsilon, task.index)
+    local = base["local"]
+    return run_order.work(
+        hps.get("rounds", base["rounds"]),
+        hps.get("local.epochs", local["epochs"]),
+        hps.get("local.steps", local["steps"]),
+    )
 
 
 def run_trial(task: TrialTask) -> tuple[str, str, OSError | None]:
@@ -205,7 +227,9 @@ def run_cells_in_processes(
     while todo:
         threads = max(1, int(cells[0].base["ray"]["num_cpus_per_worker"])) if cells else 1
         pool = new_pool(max(1, min(processes, len(todo))), threads, start_method)
-        running: dict[Future, TrialTask] = {pool.submit(run_trial, t): t for t in todo}
+        running: dict[Future, TrialTask] = {
+            pool.submit(run_trial, t): t for t in run_order.longest_first(todo, trial_cost)
+        }
         todo = []
         try:
             while running:

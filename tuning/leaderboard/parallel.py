@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import RunConfig
+from tuning import run_order
 from tuning.leaderboard.runs import PlannedRun, ValidationEval, execute
 
 #: per process: the data sets built so far (the experiment seed's clients and validation
@@ -64,15 +65,13 @@ def default_processes(config: RunConfig) -> int:
 def run_cost(run: PlannedRun) -> float:
     """A run's work, roughly: its rounds times its local passes (or steps) a round."""
     local = run.config.local
-    return float(run.config.rounds) * float(local.steps or local.epochs)
+    return run_order.work(run.config.rounds, local.epochs, local.steps)
 
 
 def longest_first(runs: list[PlannedRun]) -> list[PlannedRun]:
-    """``runs`` in the order a pool should take them: the costliest first (ties in the
-    given order), so that no long run starts last while the other processes idle. A
-    cell's 8 trials of {100, 400, 50, 200, 50, 400, 400, 400} rounds on two processes
-    end after 1,200 rounds' time in the given order and after 1,000 longest first."""
-    return sorted(runs, key=run_cost, reverse=True)
+    """``runs`` in the order a pool should take them: the costliest first
+    (:func:`tuning.run_order.longest_first`)."""
+    return run_order.longest_first(runs, run_cost)
 
 
 def _execute(out: str, run: PlannedRun, data_seed: int) -> str:
