@@ -238,6 +238,48 @@ def test_resume_continues_to_the_uninterrupted_result(board, tmp_path, capsys) -
         assert len(a["sittings"]) == (2 if name == "dp_fedsam-eps1" else 1)
 
 
+def test_a_resumed_leaderboard_adds_a_method_against_the_same_baseline_runs(
+    board, tmp_path, capsys
+) -> None:
+    """Started with the baseline alone, then resumed with a second method: the baseline's
+    runs are not run again (their files untouched), the added method's rows, selection
+    and seed results equal those of the board that listed both from the start, and a
+    plain --resume afterwards keeps both. Dropping a method is refused."""
+    out = tmp_path / "lb"
+    text = YAML.replace("  references: [fedavg]\n", "").replace("  personal: [dp2_fedsam]\n", "")
+    config = str(_write_config(tmp_path, text.replace("[dp_fedavg, dp_fedsam]", "[dp_fedavg]")))
+    assert main(["leaderboard", "-q", "--config", config, "--out", str(out)]) == 0
+    first = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("rows.parquet")}
+    assert first and all("dp_fedavg-" in str(p) for p in first)
+    assert (
+        main(["leaderboard", "-q", "--resume", str(out), "--methods", "dp_fedavg,dp_fedsam"]) == 0
+    )
+    assert all(p.stat().st_mtime_ns == t for p, t in first.items())
+    got, want = _rows(out), _rows(board)
+    want = want[want["method"].isin(["dp_fedavg", "dp_fedsam"])]
+    cols = [c for c in got.columns if c not in TIMING]
+    key = ["run_id", "round"]
+    pd.testing.assert_frame_equal(
+        got.sort_values(key, ignore_index=True)[cols],
+        want.sort_values(key, ignore_index=True)[cols],
+        check_exact=True,
+    )
+    for name in ("dp_fedavg-eps1", "dp_fedsam-eps1"):
+        a, b = _cell(out, name), _cell(board, name)
+        assert (a["selected"], a["seed_runs"]) == (b["selected"], b["seed_runs"])
+    record = json.loads((out / "leaderboard.json").read_text())
+    assert record["settings"]["methods"] == ["dp_fedavg", "dp_fedsam"]
+    table = (out / "leaderboard.md").read_text()
+    assert "dp_fedsam" in table
+    capsys.readouterr()
+    assert main(["leaderboard", "--resume", str(out), "--methods", "dp_fedavg"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "leaves out dp_fedsam" in err
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("rows.parquet")}
+    assert main(["leaderboard", "-q", "--resume", str(out)]) == 0  # both cells are done
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("rows.parquet")} == before
+
+
 def test_runs_in_a_pool_equal_runs_one_after_another(board, tmp_path) -> None:
     """The board ran two runs at a time in a pool of processes: the same leaderboard run
     one run after another in this process gives the same rows, selections and seed

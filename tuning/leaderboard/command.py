@@ -32,6 +32,11 @@ RECORD_FILE = "leaderboard.json"
 BUDGETS_FILE = "budgets.json"
 #: Config keys a resumed leaderboard may change: where its results and Ray are.
 MAY_DIFFER = ("out", "ray.address")
+#: Settings a resumed leaderboard may extend (never shrink): the cells it holds. A cell's
+#: draws, seeds and budget depend on its own method and the shared settings only
+#: (:mod:`tuning.leaderboard.draws`), so a method added later is ranked exactly as if it
+#: had been listed from the start, against the same baseline runs.
+MAY_GROW = ("leaderboard.methods", "leaderboard.personal", "leaderboard.references")
 
 
 def cells_of(s: LeaderboardSettings) -> list[Cell]:
@@ -57,8 +62,9 @@ def check_config(config: RunConfig) -> None:
         )
 
 
-def check_resume(out: Path, settings: LeaderboardSettings, config: RunConfig) -> None:
-    """A resumed leaderboard continues the settings and config it started with."""
+def check_resume(out: Path, settings: LeaderboardSettings, config: RunConfig) -> bool:
+    """A resumed leaderboard continues the settings and config it started with; it may
+    add methods (:data:`MAY_GROW`). Returns whether it adds any."""
     path = out / RECORD_FILE
     if not path.is_file():
         raise ConfigError(f"--resume {out}: no {RECORD_FILE} there (not a dpfl leaderboard)")
@@ -72,12 +78,35 @@ def check_resume(out: Path, settings: LeaderboardSettings, config: RunConfig) ->
         raise ConfigError(f"--resume {out}: {path} is damaged ({type(e).__name__})") from None
     now = {**dotted_leaves(config.to_dict()), **dotted_leaves(settings.record(), "leaderboard.")}
     now = json.loads(json.dumps(now, default=str))
+    grows = False
+    added = {m for k in MAY_GROW for m in now.get(k) or []} - {
+        m for k in MAY_GROW for m in before.get(k) or []
+    }
     for key in sorted(set(before) | set(now)):
-        if key not in MAY_DIFFER and before.get(key) != now.get(key):
+        if key in MAY_DIFFER or before.get(key) == now.get(key):
+            continue
+        if (
+            key not in before
+            and key.startswith("leaderboard.space.")
+            and (key.split(".")[2] in added)
+        ):  # an added method's own range
+            continue
+        if key in MAY_GROW:
+            had, has = list(before.get(key) or []), list(now.get(key) or [])
+            missing = [m for m in had if m not in has]
+            if not missing:
+                grows = True
+                continue
             raise ConfigError(
-                f"--resume {out}: {key}={now.get(key)!r} but the leaderboard started with "
-                f"{before.get(key)!r} ({path}); resume with the same settings or none"
+                f"--resume {out}: {key}={has!r} leaves out {', '.join(missing)}, which the "
+                f"leaderboard holds ({path}); a resumed leaderboard may add methods, not drop "
+                "them"
             )
+        raise ConfigError(
+            f"--resume {out}: {key}={now.get(key)!r} but the leaderboard started with "
+            f"{before.get(key)!r} ({path}); resume with the same settings or none"
+        )
+    return grows
 
 
 def read_started(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -179,9 +208,8 @@ def run_leaderboard(
         check_dataset_files(config.dataset)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if resume:
-        check_resume(out, settings, config)
-    elif out.exists() and any(out.iterdir()):
+    grows = check_resume(out, settings, config) if resume else False
+    if not resume and out.exists() and any(out.iterdir()):
         raise ConfigError(
             f"--out {out}: exists and is not empty; results are never overwritten: choose a "
             f"new folder, or continue it with dpfl leaderboard --resume {out}"
@@ -194,6 +222,9 @@ def run_leaderboard(
         write_json_file(
             out / RECORD_FILE, {"settings": settings.record(), "config": config.to_dict()}
         )
+    elif grows:  # the added cells are the leaderboard's now: a plain --resume keeps them
+        started, _ = read_started(out)
+        write_json_file(out / RECORD_FILE, {"settings": settings.record(), "config": started})
     write_json_file(out / BUDGETS_FILE, records)
     runner = RunPool(out, config.seed, processes)
     try:
