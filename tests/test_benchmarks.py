@@ -420,3 +420,20 @@ def test_eval_overlap_benchmark_compares_bit_identical_runs(tmp_path: Path) -> N
         # both evaluate on the loop's path (on: the last round only); only the
         # overlapped run waits for sums computed beside a round
         assert evaluation > 0 and (waited > 0) == (mode == "on ")
+
+
+@pytest.mark.parametrize("rule", ["sgd", "sam", "asam", "pgn", "blur"])
+def test_step_rule_benchmark_compares_the_old_and_new_trainer_on_one_shard(rule: str) -> None:
+    """benchmarks/local_step_rules.py: its *before* side is the trainer chosen before SAM,
+    ASAM, PGN and BLUR had a dense form (one by one through autograd; SGD: the dense trainer,
+    the control), its *after* side the dense trainer; both train the same shard to the
+    same updates (float32 rounding), which the printed ratio relies on."""
+    bench = load_benchmark("local_step_rules.py")
+    r = bench.measure(rule, 4, 20, 1, 1)
+    assert r["after_trainer"].startswith("dense ")
+    if rule == "sgd":
+        assert r["before_trainer"] == r["after_trainer"]
+    else:
+        assert r["before_trainer"].startswith("automatic: one by one")
+    assert r["steps"] == 4 * 2  # 20 examples in batches of 10, one epoch
+    assert r["rel_diff"] < 1e-4 and r["before_s"] > 0 and r["after_s"] > 0

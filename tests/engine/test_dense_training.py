@@ -102,14 +102,40 @@ def test_dense_steps_recognise_only_dense_sequentials() -> None:
     assert DenseSteps.of(frozen, params(frozen)) is None
 
 
+STEP_RULES = {
+    "sgd": ("dp_fedavg", AlgoConfig()),
+    "sam": ("dp_fedsam", AlgoConfig(rho=0.3, asam=False)),
+    "asam": ("dp_fedsam", AlgoConfig(rho=0.5, asam=True)),
+    "pgn": ("dp_fedpgn", AlgoConfig(beta=0.3, rho=0.2)),  # with a public g̃
+    "pgn-first-round": ("dp_fedpgn", AlgoConfig(beta=0.3, rho=0.2)),  # no g̃ yet
+    "pgn-no-perturbation": ("dp_fedpgn", AlgoConfig(beta=0.6, rho=0.0)),
+    "blur": ("dp_fedavg_blur", AlgoConfig(blur_lambda=0.8)),  # C = 0.05: the ball is left
+}
+CLIP = {"blur": 0.05}
+
+
+def public_of(rule: str, worker: ClientWorker) -> dict:
+    """PGN's public g̃ (the server's previous direction): a fixed random one."""
+    if not rule.startswith("pgn") or rule == "pgn-first-round":
+        return {}
+    g = torch.Generator().manual_seed(7)
+    return {"g_tilde_list": [torch.randn(p.shape, generator=g) * 0.3 for p in worker.params]}
+
+
 @pytest.mark.parametrize("model", ["logreg", "mlp"])
 @pytest.mark.parametrize("rnd", [0, 2])
-def test_factored_trainer_equals_one_by_one(model, rnd, monkeypatch) -> None:
-    """DenseSGDTrainer (the automatic choice for a dense model under plain SGD) gives
-    each client the local model and update of one-by-one autograd training, to float32
-    rounding, on ragged clients (an empty one, some below one batch), two epochs, in
-    several groups, with the first layer as factors (up to MAX_ROWS rows) and stepped
-    with the others (the two clients over it)."""
+@pytest.mark.parametrize("rule", list(STEP_RULES))
+def test_factored_trainer_equals_one_by_one(model, rnd, rule, monkeypatch) -> None:
+    """DenseSGDTrainer (the automatic choice for a dense model under plain SGD or SAM)
+    gives each client the local model and update of one-by-one autograd training, to
+    float32 rounding, on ragged clients (an empty one, some below one batch), two
+    epochs, in several groups, with the first layer as factors (up to MAX_ROWS rows)
+    and stepped with the others (the two clients over it; ASAM: every client). SAM's
+    oracle is algorithms.pieces.steps.sam_gradients; the result must also differ from
+    plain SGD's by far more than the tolerance. PGN's oracle is pgn_gradients, with and
+    without a g̃ and a perturbation, on clients of different numbers of steps (the
+    drift (1 − β) g̃ only on a client's own steps)."""
+    algorithm, algo = STEP_RULES[rule]
     monkeypatch.setattr(dense_training, "MAX_ROWS", 20)  # the 11- and 13-example clients (x2)
     monkeypatch.setattr(dense_training, "MAX_GROUP", 5)  # several groups
     stepped: list[int] = []
@@ -121,16 +147,26 @@ def test_factored_trainer_equals_one_by_one(model, rnd, monkeypatch) -> None:
 
     monkeypatch.setattr(DenseSGDTrainer, "_explicit_group", counted)
     ds = dataset()
-    worker = ClientWorker(ds, spec(model))
+    clip = CLIP.get(rule, 0.6)
+    worker = ClientWorker(ds, spec(model, algorithm, algo=algo, clip_norm=clip))
     assert isinstance(worker.trainer, DenseSGDTrainer), worker.vectorized_note
     w0 = start(worker)
     g0 = torch.from_numpy(w0)
-    got = list(worker.trainer.train(g0, rnd, CLIENTS, {}))
+    public = public_of(rule, worker)
+    got = list(worker.trainer.train(g0, rnd, CLIENTS, public))
     worker.one_by_one.dense = None
-    want = list(worker.one_by_one.train(g0, rnd, CLIENTS, {}))
+    want = list(worker.one_by_one.train(g0, rnd, CLIENTS, public))
     assert [r.client for r in got] == list(CLIENTS)
     moved = 0.0
-    assert stepped == [2]  # clients 4 and 7 (26 and 22 rows): one group, every layer stepped
+    if rule == "asam":  # every client with examples, in groups of <= 5, every layer stepped
+        assert sum(stepped) == len(CLIENTS) - 1 and max(stepped) <= 5
+    else:  # clients 4 and 7 (26 and 22 rows): one group, every layer stepped
+        assert stepped == [2]
+    if rule != "sgd":
+        sgd = ClientWorker(ds, spec(model, clip_norm=clip))
+        plain = list(sgd.trainer.train(g0, rnd, CLIENTS, public))
+        gap = max(float((a.delta - b.delta).abs().max()) for a, b in zip(got, plain))
+        assert gap > 1e-3  # SAM's ascent changes the updates far beyond the tolerance
     for a, b in zip(got, want):
         assert a.steps == b.steps
         assert a.delta is not None
@@ -139,6 +175,8 @@ def test_factored_trainer_equals_one_by_one(model, rnd, monkeypatch) -> None:
         assert a.loss_sum == pytest.approx(b.loss_sum, rel=RTOL, abs=ATOL)
         moved = max(moved, float((b.local - g0).abs().max()))
     assert moved > 1e-2  # the steps move the model far beyond the tolerance
+    if public:
+        return  # train_shard takes the round's public state from the server
     worker.one_by_one.dense = worker.trainer.dense
     fast = worker.train_shard(w0, rnd, CLIENTS)
     worker.trainer = worker.one_by_one
@@ -150,7 +188,7 @@ def test_factored_trainer_equals_one_by_one(model, rnd, monkeypatch) -> None:
 @pytest.mark.parametrize(
     "algorithm,kw,group",
     [
-        ("dp_fedsam", {}, None),  # SAM's step rule
+        ("dp2_fedsam", {}, None),  # its personal head
         ("dp_fedavg", {"momentum": 0.5}, None),
         ("dp_fed_ls", {}, None),  # its ball constraint
         ("dp_fedavg", {}, 1),  # one by one asked for
@@ -169,13 +207,39 @@ def test_switch_off_trains_through_autograd(monkeypatch) -> None:
     assert not isinstance(worker.trainer, DenseSGDTrainer)
 
 
-def test_simulate_with_dense_training_matches_autograd(small_overrides, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        [],
+        ["algorithm=dp_fedsam", "algo.rho=0.3", "algo.asam=false"],
+        ["algorithm=dp_fedsam"],
+        ["algorithm=dp_fedpgn", "algo.beta=0.3", "algo.rho=0.2"],
+        ["algorithm=dp_fedpgn_ls", "algo.beta=0.3", "algo.rho=0.2"],
+        ["algorithm=dp_fedavg_blur", "algo.blur_lambda=0.8", "privacy.clip_norm=0.1"],
+        ["algorithm=dp_fedavg_blur_lus", "algo.blur_lambda=0.8", "privacy.clip_norm=0.1"],
+    ],
+    ids=["dp_fedavg", "sam", "asam", "pgn", "pgn_ls", "blur", "blur_lus"],
+)
+def test_simulate_with_dense_training_matches_autograd(
+    small_overrides, monkeypatch, recipe
+) -> None:
     """A whole run (automatic trainer) against the same run through autograd: the same
     cohorts, ε and clipping counts; models equal to float32 rounding."""
-    base = [*small_overrides, "privacy.noise_multiplier=1.0", "local.epochs=2"]
+    base = [*small_overrides, "privacy.noise_multiplier=1.0", "local.epochs=2", *recipe]
+    shards: list[int] = []
+    train = DenseSGDTrainer.train
+
+    def counted(self, *args):
+        shards.append(1)
+        return train(self, *args)
+
+    monkeypatch.setattr(DenseSGDTrainer, "train", counted)
     fast = simulate(load_config(overrides=base), write=False)
+    assert shards  # the fast run trained on the factored trainer
     monkeypatch.setenv(ENV, "0")
+    shards.clear()
     slow = simulate(load_config(overrides=base), write=False)
+    assert not shards
     np.testing.assert_allclose(fast.weights, slow.weights, rtol=RTOL, atol=ATOL)
     cols = ["cohort_size", "epsilon", "clipped_fraction_nonprivate"]
     assert fast.rounds[cols].equals(slow.rounds[cols])
