@@ -182,6 +182,24 @@ def test_selection_never_reads_the_test_set(board, tmp_path, monkeypatch) -> Non
     assert _cell(out, "dp_fedavg-eps1")["selected"] == _cell(board, "dp_fedavg-eps1")["selected"]
 
 
+def _assert_two_methods_equal_the_boards(out: Path, board: Path) -> None:
+    """``out``'s dp_fedavg and dp_fedsam rows, selections and seed results equal the
+    board's bit for bit (timing columns aside)."""
+    got, want = _rows(out), _rows(board)
+    want = want[want["method"].isin(["dp_fedavg", "dp_fedsam"])]
+    assert set(got.columns) <= set(want.columns)  # the board's other methods add columns
+    cols = [c for c in got.columns if c not in TIMING]
+    key = ["run_id", "round"]
+    pd.testing.assert_frame_equal(
+        got.sort_values(key, ignore_index=True)[cols],
+        want.sort_values(key, ignore_index=True)[cols],
+        check_exact=True,
+    )
+    for name in ("dp_fedavg-eps1", "dp_fedsam-eps1"):
+        a, b = _cell(out, name), _cell(board, name)
+        assert (a["selected"], a["seed_runs"]) == (b["selected"], b["seed_runs"])
+
+
 def test_resume_continues_to_the_uninterrupted_result(board, tmp_path, capsys) -> None:
     import engine.simulation as sim
 
@@ -222,20 +240,9 @@ def test_resume_continues_to_the_uninterrupted_result(board, tmp_path, capsys) -
     # --resume DIR alone: the folder's settings; finished runs kept, the stopped one continues
     assert main(["leaderboard", "-q", "--resume", str(out)]) == 0
     assert (out / "runs" / "dp_fedavg-eps1-trial0" / "rows.parquet").read_bytes() == kept
-    got, want = _rows(out), _rows(board)
-    want = want[want["method"].isin(["dp_fedavg", "dp_fedsam"])]
-    assert set(got.columns) <= set(want.columns)  # the board's other methods add columns
-    cols = [c for c in got.columns if c not in TIMING]
-    key = ["run_id", "round"]
-    pd.testing.assert_frame_equal(
-        got.sort_values(key, ignore_index=True)[cols],
-        want.sort_values(key, ignore_index=True)[cols],
-        check_exact=True,
-    )
+    _assert_two_methods_equal_the_boards(out, board)
     for name in ("dp_fedavg-eps1", "dp_fedsam-eps1"):
-        a, b = _cell(out, name), _cell(board, name)
-        assert (a["selected"], a["seed_runs"]) == (b["selected"], b["seed_runs"])
-        assert len(a["sittings"]) == (2 if name == "dp_fedsam-eps1" else 1)
+        assert len(_cell(out, name)["sittings"]) == (2 if name == "dp_fedsam-eps1" else 1)
 
 
 def test_a_resumed_leaderboard_adds_a_method_against_the_same_baseline_runs(
@@ -255,18 +262,7 @@ def test_a_resumed_leaderboard_adds_a_method_against_the_same_baseline_runs(
         main(["leaderboard", "-q", "--resume", str(out), "--methods", "dp_fedavg,dp_fedsam"]) == 0
     )
     assert all(p.stat().st_mtime_ns == t for p, t in first.items())
-    got, want = _rows(out), _rows(board)
-    want = want[want["method"].isin(["dp_fedavg", "dp_fedsam"])]
-    cols = [c for c in got.columns if c not in TIMING]
-    key = ["run_id", "round"]
-    pd.testing.assert_frame_equal(
-        got.sort_values(key, ignore_index=True)[cols],
-        want.sort_values(key, ignore_index=True)[cols],
-        check_exact=True,
-    )
-    for name in ("dp_fedavg-eps1", "dp_fedsam-eps1"):
-        a, b = _cell(out, name), _cell(board, name)
-        assert (a["selected"], a["seed_runs"]) == (b["selected"], b["seed_runs"])
+    _assert_two_methods_equal_the_boards(out, board)
     record = json.loads((out / "leaderboard.json").read_text())
     assert record["settings"]["methods"] == ["dp_fedavg", "dp_fedsam"]
     table = (out / "leaderboard.md").read_text()
