@@ -302,6 +302,7 @@ class DenseSGDTrainer:
         if pgn is not None and pgn.g_tilde is not None:
             q = torch.mm(x.reshape(g_n * rows, -1), pgn.g_tilde[0][0].t()).view(g_n, rows, -1)
         gram = torch.bmm(x, x.transpose(1, 2))
+        g: torch.Tensor | None  # a step's gradient at the first layer's output
         g_first = torch.zeros_like(p)  # G_r of every step
         b1_now = b1.expand(g_n, -1).clone() if b1 is not None else None
         rest = _stacked(layers[1:], g_n)
