@@ -22,6 +22,14 @@ same public g̃); the two alternate, ``--repeats`` times, and the best wall time
 is printed with its time per client step and the ratio after / before. The last column
 is the largest difference of a client's update between the two sides, relative to the
 largest update coordinate: float32 rounding (the tests hold it under 1e-4).
+
+``--trace`` explains the clients whose updates differ by more than 1e-5 of it: for each,
+the first step after which the two sides part (both rerun with the client's first k
+minibatches only) and, in float64 at the one-by-one side's weights before that step,
+the hidden pre-activation nearest zero relative to its layer's largest, at each point
+where the step takes a gradient (w; SAM also w + e, PGN w + δ). A value near 1e-7 is a
+ReLU input within float32 rounding of the kink: the two float32 sides may then take
+opposite sides of it, and that example's whole contribution to the step changes.
 """
 
 from __future__ import annotations
@@ -116,6 +124,77 @@ def measure(rule: str, clients: int, examples: int, epochs: int, repeats: int) -
     }
 
 
+def _nearest_kink(worker, rule: str, client: int, batch: np.ndarray, w: torch.Tensor, public):
+    """Smallest |hidden pre-activation| / the layer's largest over the gradient points of
+    one step of ``client`` on ``batch`` from weights ``w`` (float64; the mlp's layers)."""
+    ds = worker.dataset
+    x = torch.from_numpy(ds.x_train[batch]).double().reshape(len(batch), -1)
+    y = torch.from_numpy(ds.y_train[batch])
+    lin = [m for m in worker.model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def forward(flat: torch.Tensor):
+        h, zs, at = x, [], 0
+        for i, m in enumerate(lin):
+            wt = flat[at : at + m.weight.numel()].view(m.weight.shape)
+            at += m.weight.numel()
+            bias = flat[at : at + m.bias.numel()]
+            at += m.bias.numel()
+            z = h @ wt.t() + bias
+            zs.append(z)
+            h = torch.relu(z) if i < len(lin) - 1 else z
+        return torch.nn.functional.cross_entropy(h, y), zs[:-1]
+
+    points = [w]
+    step = worker.pipeline.step
+    if rule == "sam":
+        wg = w.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(forward(wg)[0], wg)
+        points.append(w + float(step.rho) * g / (g.norm() + 1e-12))
+    if rule == "pgn":
+        gt = torch.cat([t.reshape(-1) for t in public["g_tilde_list"]]).double()
+        points = [w + float(step.rho) * gt / (gt.norm() + 1e-12)]
+    return min(float(z.abs().min() / z.abs().max()) for pt in points for z in forward(pt)[1])
+
+
+def trace(rule: str, clients: int, examples: int, epochs: int, above: float = 1e-5) -> list:
+    """(client, relative difference, first step after which the sides part, nearest
+    kink at that step) for each client whose updates differ by more than ``above`` of
+    the shard's largest update coordinate (module docstring)."""
+    import itertools
+
+    before, after, public = workers(rule, clients, examples, epochs)
+    g0 = torch.cat([p.detach().reshape(-1) for p in after.params])
+    ids = np.arange(clients)
+    rb = list(before.trainer.train(g0, 1, ids, public))
+    ra = list(after.trainer.train(g0, 1, ids, public))
+    scale = max(float((r.local - g0).abs().max()) for r in rb)
+    worker = before.trainer  # one by one: a OneByOneTrainer, the class both sides use
+    cls, full = type(worker), type(worker).batches
+    out = []
+    for c in ids:
+        gap = float((ra[c].local - rb[c].local).abs().max()) / scale
+        if gap <= above:
+            continue
+        batches = [np.sort(b) for b in full(worker, 1, int(c), worker.spec.steps, epochs)]
+        start, part = g0, len(batches)
+        try:
+            for k in range(1, len(batches) + 1):
+                cls.batches = lambda self, rnd, cl, st, ep, k=k: itertools.islice(
+                    full(self, rnd, cl, st, ep), k
+                )
+                b = list(before.trainer.train(g0, 1, [int(c)], public))[0].local
+                a = list(after.trainer.train(g0, 1, [int(c)], public))[0].local
+                if float((a - b).abs().max()) / scale > above:
+                    part = k
+                    break
+                start = b
+        finally:
+            cls.batches = full
+        kink = _nearest_kink(worker, rule, int(c), batches[part - 1], start.double(), public)
+        out.append((int(c), gap, part, kink))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=50)
@@ -124,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=list(RULES))
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
+    ap.add_argument(
+        "--trace", action="store_true", help="explain the clients that differ (docstring)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.clients, args.examples, args.epochs, args.repeats = 6, 20, 1, 1
@@ -145,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['after_s'] * ms:>14.2f} {r['ratio']:>13.2f} {r['rel_diff']:>13.1e}"
         )
         print(f"      before: {r['before_trainer']}; after: {r['after_trainer']}")
+        if args.trace:
+            for c, gap, part, kink in trace(rule, args.clients, args.examples, args.epochs):
+                print(
+                    f"      client {c}: {gap:.1e} apart, from step {part}; nearest ReLU "
+                    f"input at that step {kink:.1e} of its layer's largest"
+                )
     print(f"load average {load()}")
     return 0
 

@@ -437,3 +437,36 @@ def test_step_rule_benchmark_compares_the_old_and_new_trainer_on_one_shard(rule:
         assert r["before_trainer"].startswith("automatic: one by one")
     assert r["steps"] == 4 * 2  # 20 examples in batches of 10, one epoch
     assert r["rel_diff"] < 1e-4 and r["before_s"] > 0 and r["after_s"] > 0
+
+
+def test_step_rule_trace_reads_the_pre_activations_the_model_computes() -> None:
+    """benchmarks/local_step_rules.py --trace: the nearest ReLU input it reports for a step
+    equals the one read off the model's own Linear outputs (forward hooks) at the same
+    weights, so the flat-weight unpacking is the model's; and a shard whose two sides
+    agree has nothing to explain."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    bench = load_benchmark("local_step_rules.py")
+    before, _, public = bench.workers("sgd", 3, 20, 1)
+    worker = before.trainer.base if hasattr(before.trainer, "base") else before.trainer
+    w = torch.cat([p.detach().reshape(-1) for p in worker.params]) * 1.3
+    batch = np.arange(10)
+    got = bench._nearest_kink(worker, "sgd", 0, batch, w.double(), public)
+    model = copy.deepcopy(worker.model).double()  # the trace computes in float64
+    torch.nn.utils.vector_to_parameters(w.double(), model.parameters())
+    lin = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    outs: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, o: outs.append(o)) for m in lin[:-1]]
+    try:
+        x = torch.from_numpy(worker.dataset.x_train[batch]).double()
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    want = min(float(z.abs().min() / z.abs().max()) for z in outs)
+    assert got == pytest.approx(want, rel=1e-9) and 0 < got < 1
+    assert bench.trace("sam", 4, 20, 1) == []
