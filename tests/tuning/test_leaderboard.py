@@ -242,7 +242,25 @@ def test_resume_continues_to_the_uninterrupted_result(board, tmp_path, capsys) -
     assert (out / "runs" / "dp_fedavg-eps1-trial0" / "rows.parquet").read_bytes() == kept
     _assert_two_methods_equal_the_boards(out, board)
     for name in ("dp_fedavg-eps1", "dp_fedsam-eps1"):
-        assert len(_cell(out, name)["sittings"]) == (2 if name == "dp_fedsam-eps1" else 1)
+        sittings = _cell(out, name)["sittings"]
+        assert len(sittings) == (2 if name == "dp_fedsam-eps1" else 1)
+        assert all(s["code"] == _code_that_ran() for s in sittings)
+
+
+def _code_that_ran() -> str:
+    """The commit of this checkout (with ``+dirty`` if tracked files changed), asked of git
+    here, or the installed package's version where the tests do not run from a checkout."""
+    import subprocess
+    from importlib.metadata import version
+
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode != 0:
+        return f"dpfl {version('dpfl')}"
+    diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--quiet"], capture_output=True)
+    return head.stdout.strip()[:12] + ("+dirty" if diff.returncode != 0 else "")
 
 
 def test_a_resumed_leaderboard_adds_a_method_against_the_same_baseline_runs(
@@ -319,6 +337,8 @@ def test_outputs_state_the_threat_model_once_and_the_rule(board) -> None:
     assert set(cells["method"]) == {"dp_fedavg", "dp_fedsam", "dp2_fedsam", "fedavg"}
     assert (cells["status"] == "done").all() and (cells["wall_time_s"] > 0).all()
     assert cells.set_index("method").loc["dp_fedavg", "verdict"] == "baseline"
+    assert (cells["code"] == _code_that_ran()).all()  # one sitting, this checkout
+    assert f"Code that ran (commits of the sittings): {_code_that_ran()}." in text
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])

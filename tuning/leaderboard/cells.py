@@ -21,13 +21,15 @@ selection on the public validation set, and the seed runs of the selected config
   within the total budget.
 
 Each cell's record, ``OUT/cells/<cell>.json``, keeps the budget, the selection, the
-released ε and the wall time of every sitting that worked on it.
+released ε and, for every sitting that worked on it, its start and end, its wall time
+and the code that ran (:func:`code_version`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -202,7 +204,7 @@ def run_cell(
     t0 = time.perf_counter()
     record = read_record(out, cell)
     sittings = list(record.get("sittings", []))
-    sittings.append({"started_utc": _now(), "wall_time_s": 0.0})
+    sittings.append({"started_utc": _now(), "wall_time_s": 0.0, "code": code_version()})
 
     def progress() -> None:  # the sitting's time so far, kept if the process dies
         sittings[-1].update({"finished_utc": _now(), "wall_time_s": time.perf_counter() - t0})
@@ -271,6 +273,33 @@ def run_cell(
         record["status"] = "done"
     progress()
     return record
+
+
+def code_version() -> str:
+    """The code that runs: the commit of dpfl's git checkout (12 hex digits, ``+dirty``
+    when tracked files differ from it), else ``dpfl <version>`` of the installed
+    package. A leaderboard's sittings may run at different commits; each records its own."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip())
+        return done.stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"dpfl {version('dpfl')}"
+        except PackageNotFoundError:
+            return "dpfl (version unknown)"
+    return head + ("+dirty" if dirty else "")
 
 
 def _now() -> str:

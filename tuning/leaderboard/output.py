@@ -66,6 +66,8 @@ def cell_table(out: Path, settings: LeaderboardSettings, cells: list[Cell]) -> p
             "ci_lo": ci.lo,
             "ci_hi": ci.hi,
             "wall_time_s": r.get("wall_time_s", math.nan),
+            # the code of each sitting, in order, repeats dropped (cells.code_version)
+            "code": ", ".join(dict.fromkeys(x.get("code", "?") for x in r.get("sittings", []))),
         }
         for key, value in (sel.get("params") or {}).items():
             row[hp_column(key)] = value

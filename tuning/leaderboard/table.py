@@ -151,7 +151,10 @@ def markdown(out: Path, s: LeaderboardSettings, config: RunConfig, table: pd.Dat
     refs = table[table["kind"] == "reference"]
     if len(refs):
         lines += ["", "## Non-private references", "", *_other(refs, "test acc")]
+    code = ", ".join(dict.fromkeys(c for v in table.get("code", []) for c in v.split(", ") if c))
     lines += [
+        "",
+        f"Code that ran (commits of the sittings): {code or '—'}.",
         "",
         "Files: `leaderboard.parquet` (every round of every trial and seed run), "
         "`cells.parquet`, `leaderboard.png`, `cells/*.json`, `budgets.json`.",
