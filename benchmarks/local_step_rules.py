@@ -124,9 +124,9 @@ def measure(rule: str, clients: int, examples: int, epochs: int, repeats: int) -
     }
 
 
-def _nearest_kink(worker, rule: str, client: int, batch: np.ndarray, w: torch.Tensor, public):
+def _nearest_kink(worker, rule: str, batch: np.ndarray, w: torch.Tensor, public):
     """Smallest |hidden pre-activation| / the layer's largest over the gradient points of
-    one step of ``client`` on ``batch`` from weights ``w`` (float64; the mlp's layers)."""
+    one step on the minibatch ``batch`` from weights ``w`` (float64; the mlp's layers)."""
     ds = worker.dataset
     x = torch.from_numpy(ds.x_train[batch]).double().reshape(len(batch), -1)
     y = torch.from_numpy(ds.y_train[batch])
@@ -190,7 +190,7 @@ def trace(rule: str, clients: int, examples: int, epochs: int, above: float = 1e
                 start = b
         finally:
             cls.batches = full
-        kink = _nearest_kink(worker, rule, int(c), batches[part - 1], start.double(), public)
+        kink = _nearest_kink(worker, rule, batches[part - 1], start.double(), public)
         out.append((int(c), gap, part, kink))
     return out
 

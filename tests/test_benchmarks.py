@@ -454,7 +454,7 @@ def test_step_rule_trace_reads_the_pre_activations_the_model_computes() -> None:
     worker = before.trainer.base if hasattr(before.trainer, "base") else before.trainer
     w = torch.cat([p.detach().reshape(-1) for p in worker.params]) * 1.3
     batch = np.arange(10)
-    got = bench._nearest_kink(worker, "sgd", 0, batch, w.double(), public)
+    got = bench._nearest_kink(worker, "sgd", batch, w.double(), public)
     model = copy.deepcopy(worker.model).double()  # the trace computes in float64
     torch.nn.utils.vector_to_parameters(w.double(), model.parameters())
     lin = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]

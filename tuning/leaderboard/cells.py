@@ -289,7 +289,9 @@ def code_version() -> str:
             raise OSError(done.stderr.strip())
         return done.stdout.strip()
 
-    try:
+    try:  # dpfl's own checkout only, not a repository that holds an installed copy
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root:
+            raise OSError("not dpfl's checkout")
         head = git("rev-parse", "--short=12", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
