@@ -1,12 +1,32 @@
-"""Shared fixtures: small configs and one local Ray instance per session."""
+"""Shared fixtures: small configs and one local Ray instance per session (per xdist
+worker), and the rule that timed runs (``-m benchmark``, ``-m gpu``) run serially."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+#: A mark expression that selects these marks (not only deselects them with ``not``).
+_TIMED_MARKS = re.compile(r"(?<!not )\b(benchmark|gpu)\b")
+
+
+def selects_timed_tests(markexpr: str) -> bool:
+    """True when ``-m markexpr`` selects benchmark or GPU tests: they measure time or
+    hold one GPU, so two workers running them at once would skew each other."""
+    return bool(_TIMED_MARKS.search(" ".join(markexpr.split())))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``addopts`` runs the suite in two xdist workers; a timed selection runs in one
+    process instead (before xdist reads ``-n``)."""
+    if selects_timed_tests(config.option.markexpr or "") and hasattr(config.option, "numprocesses"):
+        config.option.numprocesses = 0
+
 
 SMALL = [
     "dataset.num_clients=40",
