@@ -4,20 +4,31 @@ worker), and the rule that timed runs (``-m benchmark``, ``-m gpu``) run seriall
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
+from _pytest.mark.expression import Expression  # pytest's -m parser (pytest 8 and 9)
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-#: A mark expression that selects these marks (not only deselects them with ``not``).
-_TIMED_MARKS = re.compile(r"(?<!not )\b(benchmark|gpu)\b")
+#: Marks of tests that time themselves or hold the one GPU.
+_TIMED_MARKS = ("benchmark", "gpu")
 
 
 def selects_timed_tests(markexpr: str) -> bool:
     """True when ``-m markexpr`` selects benchmark or GPU tests: they measure time or
-    hold one GPU, so two workers running them at once would skew each other."""
-    return bool(_TIMED_MARKS.search(" ".join(markexpr.split())))
+    hold one GPU, so two workers running them at once would skew each other.
+
+    The expression is read by pytest's own parser and evaluated for a test that carries
+    one timed mark and no other, so ``not (gpu)`` or ``not gpu`` (which keep the
+    benchmarks) count as timed, ``not gpu and not benchmark`` does not. No ``-m`` at all
+    is not a timed selection: a developer's ``pytest tests/x.py`` keeps two workers.
+    """
+    if not markexpr.strip():
+        return False
+    expression = Expression.compile(markexpr)
+    return any(
+        expression.evaluate(lambda name, mark=mark, **_: name == mark) for mark in _TIMED_MARKS
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
