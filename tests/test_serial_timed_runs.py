@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,19 +35,31 @@ def test_timed_selections_are_recognised(expr: str, timed: bool) -> None:
     assert selects_timed_tests(expr) is timed
 
 
-def test_a_benchmark_selection_runs_in_one_process() -> None:
-    """xdist announces its workers (``-q``: "bringing up nodes..."); a serial run does not."""
-    probe = "tests/test_serial_timed_runs.py::test_timed_selections_are_recognised"
-    runs = {}
+def test_reports_its_worker() -> None:
+    """The probe of the test below: writes which xdist worker ran it (``main`` for a
+    serial run) to the file named by ``DPFL_WORKER_PROBE``. Skipped on its own."""
+    probe = os.environ.get("DPFL_WORKER_PROBE")
+    if not probe:
+        pytest.skip("only run as the probe of test_a_benchmark_selection_runs_in_one_process")
+    Path(probe).write_text(os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+
+def test_a_benchmark_selection_runs_in_one_process(tmp_path: Path) -> None:
+    """xdist names each worker in ``PYTEST_XDIST_WORKER`` (gw0, gw1, ...); a serial run
+    has none."""
+    probe = "tests/test_serial_timed_runs.py::test_reports_its_worker"
+    ran_in = {}
     for expr in ("benchmark or not benchmark", "not gpu and not benchmark"):
+        report = tmp_path / f"{len(ran_in)}.txt"
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", expr, probe],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=120,
+            env={**os.environ, "DPFL_WORKER_PROBE": str(report)},
         )
         assert done.returncode == 0, done.stdout[-2000:]
-        runs[expr] = done.stdout
-    assert "bringing up nodes" not in runs["benchmark or not benchmark"]
-    assert "bringing up nodes" in runs["not gpu and not benchmark"]
+        ran_in[expr] = report.read_text()
+    assert ran_in["benchmark or not benchmark"] == "main"
+    assert ran_in["not gpu and not benchmark"].startswith("gw")
