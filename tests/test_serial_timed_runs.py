@@ -48,6 +48,8 @@ def test_a_benchmark_selection_runs_in_one_process(tmp_path: Path) -> None:
     """xdist names each worker in ``PYTEST_XDIST_WORKER`` (gw0, gw1, ...); a serial run
     has none."""
     probe = "tests/test_serial_timed_runs.py::test_reports_its_worker"
+    # This test may itself run in an xdist worker, whose variables the child inherits.
+    outer_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     ran_in = {}
     for expr in ("benchmark or not benchmark", "not gpu and not benchmark"):
         report = tmp_path / f"{len(ran_in)}.txt"
@@ -57,7 +59,7 @@ def test_a_benchmark_selection_runs_in_one_process(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=120,
-            env={**os.environ, "DPFL_WORKER_PROBE": str(report)},
+            env={**outer_env, "DPFL_WORKER_PROBE": str(report)},
         )
         assert done.returncode == 0, done.stdout[-2000:]
         ran_in[expr] = report.read_text()
