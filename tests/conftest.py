@@ -21,11 +21,15 @@ def selects_timed_tests(markexpr: str) -> bool:
     The expression is read by pytest's own parser and evaluated for a test that carries
     one timed mark and no other, so ``not (gpu)`` or ``not gpu`` (which keep the
     benchmarks) count as timed, ``not gpu and not benchmark`` does not. No ``-m`` at all
-    is not a timed selection: a developer's ``pytest tests/x.py`` keeps two workers.
+    is not a timed selection: a developer's ``pytest tests/x.py`` keeps two workers. A
+    malformed expression is left to pytest, which names it in its usage error.
     """
     if not markexpr.strip():
         return False
-    expression = Expression.compile(markexpr)
+    try:
+        expression = Expression.compile(markexpr)
+    except Exception:  # pytest 9: SyntaxError, pytest 8: ParseError
+        return False  # pytest itself then reports the bad expression as a usage error
     return any(
         expression.evaluate(lambda name, mark=mark, **_: name == mark) for mark in _TIMED_MARKS
     )

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("not gpu", True),
         ("not (gpu or benchmark)", False),
         ("not slow", True),
+        ("gpu and", False),
     ],
 )
 def test_timed_selections_are_recognised(expr: str, timed: bool) -> None:
