@@ -294,7 +294,12 @@ class ClientWorker:
         return delta
 
     def train_shard(
-        self, global_weights: np.ndarray, rnd: int, clients: np.ndarray, public: dict | None = None
+        self,
+        global_weights: np.ndarray,
+        rnd: int,
+        clients: np.ndarray,
+        public: dict | None = None,
+        sum_out: np.ndarray | None = None,
     ) -> PartialSum:
         """Train the shard's clients and sum their clipped updates in client order.
 
@@ -304,10 +309,24 @@ class ClientWorker:
         to the float64 total in the given client order, and noise is added (by the
         server, or here per client) exactly as before: vectorisation changes no
         privacy-relevant quantity.
+
+        ``sum_out`` (float64, one entry per parameter): the sum is accumulated there
+        (on the CPU) or copied there (on a GPU) and returned as ``update_sum``, so a
+        caller that shares the buffer with another process moves no copy of it (the
+        process executor); the same additions either way.
         """
         global_flat = self._global_flat(global_weights)
         ctx = self.public_context(rnd, public)
-        total = torch.zeros(global_flat.numel(), dtype=torch.float64, device=self.device)
+        d = global_flat.numel()
+        if sum_out is not None and (sum_out.dtype != np.float64 or sum_out.shape != (d,)):
+            raise ValueError(
+                f"sum_out must be float64 of shape ({d},), got {sum_out.dtype} {sum_out.shape}"
+            )
+        if sum_out is not None and self.device.type == "cpu":
+            total = torch.from_numpy(sum_out)
+            total.zero_()
+        else:
+            total = torch.zeros(d, dtype=torch.float64, device=self.device)
         out = PartialSum(update_sum=np.zeros(0), num_clients=0)
         mech = self.mechanism
         client_noise = mech is not None and mech.site == "client"
@@ -339,7 +358,12 @@ class ClientWorker:
             out.num_nonfinite += int(update.nonfinite)
             out.loss_sum += res.loss_sum
             out.num_steps += res.steps
-        out.update_sum = total.cpu().numpy()
+        if sum_out is None:
+            out.update_sum = total.cpu().numpy()
+        else:
+            if self.device.type != "cpu":
+                sum_out[:] = total.cpu().numpy()
+            out.update_sum = sum_out
         return out
 
     def noise_support(self, ctx: dict) -> torch.Tensor:
