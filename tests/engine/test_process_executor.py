@@ -237,3 +237,27 @@ def _group(pgid: int) -> list[int]:
             if int(fields[2]) == pgid:
                 pids.append(int(entry))
     return pids
+
+
+def test_the_shared_round_mapping_leaves_no_file_and_carries_the_sums() -> None:
+    """The weights and partial sums travel through one shared mapping, whose file is
+    gone once the workers have mapped it; a round's partials read from it sum to
+    the shard's clients and hold finite sums of clipped updates (each of norm <= C)."""
+    import glob
+
+    before = set(glob.glob("/dev/shm/dpfl-round-*"))
+    pool = _pool()
+    try:
+        assert pool.shared is not None and pool.shared.path is None
+        assert set(glob.glob("/dev/shm/dpfl-round-*")) == before
+        cohort, weights, public = pool.begin_round(0)
+        shards = [cohort[::2], cohort[1::2]]
+        partials = pool.train(0, shards, weights, public)
+        for shard, partial, slot in zip(shards, partials, pool.shared.partials):
+            assert partial.num_clients == len(shard)
+            assert partial.update_sum is slot
+            assert (len(shard) == 0) == (not np.any(slot))  # written by its worker
+            clip = pool.server.clip_norm
+            assert np.linalg.norm(partial.update_sum) <= len(shard) * clip * (1 + 1e-9)
+    finally:
+        pool.close()
