@@ -164,7 +164,10 @@ def serve(conn: Any, dataset: FederatedDataset, spec: LocalSpec) -> None:
         partial.update_sum = _IN_SLOT
         return partial
 
-    local_calls = {"attach_shared": attach_shared, "train_shared": train_shared}
+    local_calls: dict[str, Callable[..., Any]] = {
+        "attach_shared": attach_shared,
+        "train_shared": train_shared,
+    }
     while True:
         while not conn.poll(1.0):
             if os.getppid() != parent:  # the driver (or its fork server) died
