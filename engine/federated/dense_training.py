@@ -67,7 +67,14 @@ from algorithms.pieces.steps import pgn_public, round_lr
 from algorithms.pipeline import BLUR, PGNStep, SAMStep, SGDStep
 from engine.federated.local_training import LocalResult, OneByOneTrainer
 
-__all__ = ["DenseSGDTrainer", "dense_sgd_reason"]
+__all__ = [
+    "DeltaResult",
+    "DenseSGDTrainer",
+    "deltas_into",
+    "dense_sgd_reason",
+    "group_sgd_step",
+    "stacked_layers",
+]
 
 #: Clients trained together (one group: their examples gathered at once, their
 #: other layers stacked); a group's working memory is kept under GROUP_BYTES.
@@ -216,7 +223,7 @@ class DenseSGDTrainer:
                     )
                     for k, i in enumerate(group):
                         delta = deltas[k]
-                        done[i] = _DeltaResult(
+                        done[i] = DeltaResult(
                             chunk[i], global_flat, losses[k], len(batches[i]), delta
                         )
             for i in range(len(chunk)):
@@ -305,7 +312,7 @@ class DenseSGDTrainer:
         g: torch.Tensor | None  # a step's gradient at the first layer's output
         g_first = torch.zeros_like(p)  # G_r of every step
         b1_now = b1.expand(g_n, -1).clone() if b1 is not None else None
-        rest = _stacked(layers[1:], g_n)
+        rest = stacked_layers(layers[1:], g_n)
         loss_acc = torch.zeros(g_n, dtype=torch.float64)
         for s in range(steps):
             a, e = s * width, (s + 1) * width
@@ -345,7 +352,7 @@ class DenseSGDTrainer:
                     b1_now.add_(g.sum(1) + pull, alpha=-lr)
                 continue
             if self.rho == 0.0:
-                loss, g = _group_step(z, y[:, s], wt[:, s], rest, lr)
+                loss, g = group_sgd_step(z, y[:, s], wt[:, s], rest, lr)
             else:
                 loss, g = self._sam_factored(z, y[:, s], wt[:, s], rest, gram[:, a:e, a:e], lr)
             assert g is not None
@@ -365,7 +372,7 @@ class DenseSGDTrainer:
         if b1 is not None and b1_now is not None:
             torch.sub(b1_now, b1, out=out[:, at : at + b1.numel()])
             at += b1.numel()
-        _deltas_into(out[:, at:], layers[1:], rest)
+        deltas_into(out[:, at:], layers[1:], rest)
         return list(out), [float(v) for v in loss_acc.tolist()]
 
     def _explicit_group(
@@ -382,7 +389,7 @@ class DenseSGDTrainer:
         """A group trained with every layer stacked and stepped (clients with more rows
         than the first layer's input width, for whom factors cost more)."""
         g_n = x.shape[0]
-        stacked = _stacked(layers, g_n)
+        stacked = stacked_layers(layers, g_n)
         loss_acc = torch.zeros(g_n, dtype=torch.float64)
         active = (wt.sum(2) > 0).to(x.dtype)  # (G, steps): a client's real steps
         for s in range(steps):
@@ -399,7 +406,7 @@ class DenseSGDTrainer:
                 loss, _, grads = _group_grads(x[:, a:e], y[:, s], wt[:, s], at_d, True)
                 _pgn_descend(stacked, grads, pgn, 0, active[:, s], lr)
             elif self.rho == 0.0:
-                loss, _ = _group_step(x[:, a:e], y[:, s], wt[:, s], stacked, lr, from_input=True)
+                loss, _ = group_sgd_step(x[:, a:e], y[:, s], wt[:, s], stacked, lr, from_input=True)
             else:
                 loss, _, grads = _group_grads(x[:, a:e], y[:, s], wt[:, s], stacked, True)
                 if self.asam:  # ascend along T² g, T = |w|: e = ρ T (T g)/‖T g‖
@@ -412,7 +419,7 @@ class DenseSGDTrainer:
                 _descend(stacked, grads, lr)
             loss_acc += loss.double()
         out = torch.empty(g_n, self.dim, dtype=x.dtype)
-        _deltas_into(out, layers, stacked)
+        deltas_into(out, layers, stacked)
         return list(out), [float(v) for v in loss_acc.tolist()]
 
     def _pgn_factored(
@@ -571,7 +578,9 @@ def _pgn_descend_bias(
     b1.add_(_pgn_direction(g.sum(1), gt, pgn, active), alpha=-lr)
 
 
-def _stacked(layers: list[tuple[torch.Tensor, Any]], g_n: int) -> list[tuple[torch.Tensor, Any]]:
+def stacked_layers(
+    layers: list[tuple[torch.Tensor, Any]], g_n: int
+) -> list[tuple[torch.Tensor, Any]]:
     """Each layer's weight and bias repeated for ``g_n`` clients (their own copies)."""
     return [
         (w.expand(g_n, -1, -1).clone(), b.expand(g_n, -1).clone() if b is not None else None)
@@ -579,7 +588,7 @@ def _stacked(layers: list[tuple[torch.Tensor, Any]], g_n: int) -> list[tuple[tor
     ]
 
 
-class _DeltaResult(LocalResult):
+class DeltaResult(LocalResult):
     """A :class:`LocalResult` whose local model x^t + Δ is formed only when read (by a
     client transform that needs the local gradient, e.g. LUS): the worker clips Δ
     itself, so most rounds never allocate a model-sized tensor per client for it."""
@@ -601,7 +610,7 @@ class _DeltaResult(LocalResult):
         return self._global + self.delta
 
 
-def _deltas_into(
+def deltas_into(
     out: torch.Tensor,
     layers: list[tuple[torch.Tensor, Any]],
     stacked: list[tuple[torch.Tensor, Any]],
@@ -672,7 +681,7 @@ def _descend(
             bi.add_(g_b, alpha=-lr)
 
 
-def _group_step(
+def group_sgd_step(
     z: torch.Tensor,
     y: torch.Tensor,
     w: torch.Tensor,
