@@ -39,6 +39,10 @@ rule on the CPU therefore trains models above ``CPU_MAX_PARAMS`` = 100k paramete
 in groups of up to 64, training groups under ``CPU_MIN_GROUP`` = 16 clients one by
 one. Models for which vmap has no batching rule for some op (it then loops per
 client, e.g. the LSTM of char_lstm) are trained one by one by the automatic rule.
+Under plain SGD on the CPU two models skip vmap altogether: dense ones (logreg, mlp)
+take :class:`engine.federated.dense_training.DenseSGDTrainer`, and a body with a dense
+head (the cnn) :class:`engine.federated.head_training.DenseHeadSGDTrainer`, one client
+at a time with its first dense layer's steps as factors.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import torch
 
 from engine.federated.dense_training import DenseSGDTrainer, dense_sgd_reason
 from engine.federated.group_training import VectorizedTrainer, unsupported_reason
+from engine.federated.head_training import DenseHeadSGDTrainer, dense_head_reason
 from engine.federated.local_training import LocalResult, OneByOneTrainer
 
 __all__ = [
@@ -248,11 +253,12 @@ class DeferredTrainer:
 
 def choose_trainer(
     base: OneByOneTrainer,
-) -> OneByOneTrainer | GroupedTrainer | DeferredTrainer | DenseSGDTrainer:
+) -> OneByOneTrainer | GroupedTrainer | DeferredTrainer | DenseSGDTrainer | DenseHeadSGDTrainer:
     """The worker's local trainer, decided once per worker (never per round): groups
     of ``ray.clients_per_worker_batch`` clients if set; else, for a dense model
-    (logreg, mlp) under plain SGD on the CPU, :class:`DenseSGDTrainer`; else the
-    automatic size;
+    (logreg, mlp) under plain SGD on the CPU, :class:`DenseSGDTrainer`; for a body
+    and a dense head (the cnn) under plain SGD on the CPU, one client at a time,
+    :class:`engine.federated.head_training.DenseHeadSGDTrainer`; else the automatic size;
     ``base`` (one by one) when the pipeline or model cannot be vectorised (probed
     once) or the size is 1. The automatic choice on the CPU is deferred to the first
     shard that could use a group (:class:`DeferredTrainer`). The trainer's ``note``
@@ -265,6 +271,8 @@ def choose_trainer(
         return _one_by_one(base, f"one by one: {reason}")
     if requested is None and base.dense is not None and dense_sgd_reason(base) is None:
         return DenseSGDTrainer(base)  # a dense model under plain SGD, on the CPU
+    if requested is None and dense_head_reason(base) is None:
+        return DenseHeadSGDTrainer(base)  # a body and a dense head (the cnn), on the CPU
     if requested is None:
         reason = cpu_prefers_one_by_one(base)
         if reason is not None:

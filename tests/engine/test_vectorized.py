@@ -239,8 +239,9 @@ def test_automatic_group_size(monkeypatch) -> None:
     import engine.federated.vectorized as vz
 
     # cnn (189k parameters here) measured slower vectorised on the CPU: one by one,
-    # decided without a probe.
-    cnn = ClientWorker(dataset("cnn"), make_spec("cnn", "dp_fedavg", None))
+    # decided without a probe. (Under plain SGD it takes the dense-head trainer,
+    # engine.federated.head_training, also one by one: SAM's steps here.)
+    cnn = ClientWorker(dataset("cnn"), make_spec("cnn", "dp_fedsam", None))
     assert cnn.clients_per_batch == 1 and cnn.vectorized is None
     assert "one by one on the CPU" in cnn.vectorized_note
     # A small model: large groups, but a group under CPU_MIN_GROUP trains one by one,

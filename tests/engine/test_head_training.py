@@ -1,0 +1,230 @@
+"""A body and a dense head (engine.federated.head_training): the cnn's local SGD with its
+first dense layer's steps as factors equals one-by-one autograd training to float32
+rounding, and the trainer is chosen exactly where it applies.
+
+The oracle is the one-by-one trainer of the same worker (autograd), computed in the
+same test. Tolerance: rtol 1e-4, atol 1e-5, as tests/engine/test_dense_training.py
+(the largest difference seen here is 4.5e-8, on updates of up to 0.2); each comparison
+also checks that the steps move the model by far more than that (a trainer that
+ignored them would fail).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import engine.federated.head_training as head_training
+from algorithms import build_pipeline
+from engine.config import AlgoConfig, load_config
+from engine.data.federated import FederatedDataset
+from engine.federated.client import ClientWorker, LocalSpec
+from engine.federated.dense_steps import ENV
+from engine.federated.dense_training import DenseSGDTrainer
+from engine.federated.head_training import DenseHeadSGDTrainer, split_dense_head
+from engine.simulation import simulate
+
+RTOL, ATOL = 1e-4, 1e-5
+# empty, below one batch, exact batches, ragged (as tests/engine/test_dense_training.py)
+SIZES = (0, 2, 5, 9, 13, 1, 8, 11, 3, 6, 4, 10)
+CLIENTS = np.arange(len(SIZES))
+
+
+def dataset(shape=(1, 8, 8), seed: int = 0) -> FederatedDataset:
+    g = np.random.default_rng(seed)
+    n = sum(SIZES)
+    x = g.normal(size=(n, *shape)).astype(np.float32)
+    y = g.integers(0, 3, n).astype(np.int64)
+    bounds = np.cumsum((0, *SIZES))
+    train = [np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
+    empty = [np.zeros(0, np.int64) for _ in SIZES]
+    return FederatedDataset("toy", x, y, train, empty, x[:4], y[:4], 3, shape)
+
+
+def spec(model="cnn", algorithm="dp_fedavg", group=None, **kw) -> LocalSpec:
+    base = dict(
+        seed=3, model_name=model, epochs=2, batch_size=4, lr=0.2, lr_decay=0.9,
+        momentum=0.0, weight_decay=0.0, denominator=6.0, clients_per_batch=group,
+    )  # fmt: skip
+    algo, clip = kw.pop("algo", AlgoConfig()), kw.pop("clip_norm", 0.6)
+    base.update(kw)
+    return LocalSpec(**base, pipeline=build_pipeline(algorithm, algo, clip, 1.0, model))
+
+
+def start(worker: ClientWorker) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in worker.params]).numpy()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("rnd", [0, 2])
+@pytest.mark.parametrize("kw", [{}, {"steps": 3}], ids=["epochs", "fixed-steps"])
+def test_head_trainer_equals_one_by_one(layout, rnd, kw, monkeypatch) -> None:
+    """DenseHeadSGDTrainer (the automatic choice for the cnn under plain SGD on the CPU)
+    gives each client the update, local model, loss and step count of one-by-one
+    autograd training, to float32 rounding: ragged clients (an empty one, some below
+    one batch), two epochs or fixed steps, a decayed learning rate, both memory
+    layouts, and the clients with more rows than MAX_ROWS (here 20: the 11- and
+    13-example clients over two epochs) handed to the one-by-one trainer."""
+    monkeypatch.setattr(head_training, "MAX_ROWS", 20)
+    handed: list[int] = []
+    worker = ClientWorker(dataset(), spec(memory_format=layout, **kw))
+    assert isinstance(worker.trainer, DenseHeadSGDTrainer), worker.vectorized_note
+    base_train_client = worker.one_by_one.train_client
+
+    def counted(global_flat, r, client, public=None):
+        handed.append(client)
+        return base_train_client(global_flat, r, client, public)
+
+    monkeypatch.setattr(worker.one_by_one, "train_client", counted)
+    w0 = start(worker)
+    g0 = torch.from_numpy(w0)
+    got = list(worker.trainer.train(g0, rnd, CLIENTS, {}))
+    assert handed == ([] if kw else [4, 7])  # 26 and 22 rows; with 3 steps at most 12
+    handed.clear()
+    want = list(worker.one_by_one.train(g0, rnd, CLIENTS, {}))
+    assert [r.client for r in got] == list(CLIENTS)
+    moved = 0.0
+    for a, b in zip(got, want):
+        assert a.steps == b.steps
+        # computed directly, except for the clients handed to the one-by-one trainer
+        assert (a.delta is None) == (a.client in (4, 7) and not kw)
+        delta = a.delta if a.delta is not None else a.local - g0
+        np.testing.assert_allclose(delta, b.local - g0, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(a.local, b.local, rtol=RTOL, atol=ATOL)
+        assert a.loss_sum == pytest.approx(b.loss_sum, rel=RTOL, abs=ATOL)
+        moved = max(moved, float((b.local - g0).abs().max()))
+    assert moved > 1e-2  # the steps move the model far beyond the tolerance
+    # the worker's partial sums (clipped, in float64) agree likewise
+    fast = worker.train_shard(w0, rnd, CLIENTS)
+    worker.trainer = worker.one_by_one
+    slow = worker.train_shard(w0, rnd, CLIENTS)
+    np.testing.assert_allclose(fast.update_sum, slow.update_sum, rtol=RTOL, atol=ATOL)
+    assert (fast.num_clipped, fast.num_steps, fast.num_clients) == (
+        slow.num_clipped,
+        slow.num_steps,
+        slow.num_clients,
+    )
+    assert slow.num_clipped > 0  # the clip is exercised
+
+
+def test_head_trainer_leaves_the_global_model_alone() -> None:
+    """The round's global vector is read, never written (its first dense layer's weight
+    is used in place by every client), and each client's update is its own tensor."""
+    worker = ClientWorker(dataset(), spec())
+    g0 = torch.from_numpy(start(worker))
+    before = g0.clone()
+    got = list(worker.trainer.train(g0, 0, CLIENTS, {}))
+    assert torch.equal(g0, before)
+    ptrs = {r.delta.data_ptr() for r in got if r.steps > 0}
+    assert len(ptrs) == sum(1 for s in SIZES if s > 0)
+
+
+@pytest.mark.parametrize(
+    "algorithm,kw,group,model",
+    [
+        ("dp2_fedsam", {}, None, "cnn"),  # its personal head
+        ("dp_fedsam", {}, None, "cnn"),  # a step rule other than plain SGD
+        ("dp_fedavg_blur", {}, None, "cnn"),  # a regularizer
+        ("dp_fedavg", {"momentum": 0.5}, None, "cnn"),
+        ("dp_fed_ls", {}, None, "cnn"),  # its ball constraint
+        ("dp_fedavg", {}, 1, "cnn"),  # one by one asked for
+        ("dp_fedavg", {}, 4, "cnn"),  # groups asked for
+        ("dp_fedavg", {}, None, "mlp"),  # a dense model: DenseSGDTrainer
+    ],
+)
+def test_head_trainer_only_where_it_applies(algorithm, kw, group, model) -> None:
+    worker = ClientWorker(dataset(), spec(model, algorithm, group, **kw))
+    assert not isinstance(worker.trainer, DenseHeadSGDTrainer)
+    if model == "mlp":
+        assert isinstance(worker.trainer, DenseSGDTrainer)
+
+
+def test_switch_off_trains_the_cnn_through_autograd(monkeypatch) -> None:
+    monkeypatch.setenv(ENV, "0")
+    worker = ClientWorker(dataset(), spec())
+    assert worker.trainer is worker.one_by_one
+
+
+def test_split_dense_head_recognises_a_body_then_dense_layers() -> None:
+    def params(m: nn.Module) -> list[torch.Tensor]:
+        return [p for p in m.parameters() if p.requires_grad]
+
+    def cnn() -> nn.Sequential:
+        return nn.Sequential(
+            nn.Conv2d(1, 2, 3),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(18, 4),
+            nn.ReLU(),
+            nn.Linear(4, 3),
+        )
+
+    model = cnn()
+    split = split_dense_head(model, params(model))
+    assert split is not None and split[0] == 2
+    assert split[1].weights[0] is model[3].weight
+    no_body = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    not_dense = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(18, 4), nn.Tanh())
+    no_flatten = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU())
+    with_buffers = nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(18, 3)
+    )
+    for other in (no_body, not_dense, no_flatten, with_buffers):
+        assert split_dense_head(other, params(other)) is None
+    frozen = cnn()
+    frozen[0].bias.requires_grad_(False)
+    assert split_dense_head(frozen, params(frozen)) is None
+
+
+DIGITS_CNN = [
+    "dataset.name=digits",
+    "dataset.num_clients=20",
+    "model.name=cnn",
+    "local.lr=0.05",
+    "local.epochs=2",
+    "privacy.noise_multiplier=1.0",
+]
+
+
+@pytest.mark.parametrize("layout", ["auto", "contiguous"])
+def test_simulate_with_head_training_matches_autograd(small_overrides, monkeypatch, layout) -> None:
+    """A whole run on real 8×8 digits (automatic trainer) against the same run through
+    autograd: the same cohorts, ε and clipping counts; models equal to float32
+    rounding."""
+    base = [*small_overrides, *DIGITS_CNN, f"model.memory_format={layout}"]
+    calls: list[int] = []
+    train = DenseHeadSGDTrainer.train
+
+    def counted(self, *args):
+        calls.append(1)
+        return train(self, *args)
+
+    monkeypatch.setattr(DenseHeadSGDTrainer, "train", counted)
+    fast = simulate(load_config(overrides=base), write=False)
+    assert calls  # the fast run trained on the head trainer
+    monkeypatch.setenv(ENV, "0")
+    calls.clear()
+    slow = simulate(load_config(overrides=base), write=False)
+    assert not calls
+    np.testing.assert_allclose(fast.weights, slow.weights, rtol=RTOL, atol=ATOL)
+    moved = np.abs(slow.weights - simulate_start(base)).max()
+    assert moved > 1e-2
+    cols = ["cohort_size", "epsilon", "clipped_fraction_nonprivate"]
+    assert fast.rounds[cols].equals(slow.rounds[cols])
+    assert fast.final_accuracy == pytest.approx(slow.final_accuracy, abs=0.01)
+
+
+def simulate_start(overrides: list[str]) -> np.ndarray:
+    """The run's initial weights: every process builds them from (seed, MODEL_INIT)
+    alone (engine.federated.worker_model.init_process_model); digits are 1×8×8, 10
+    classes."""
+    from types import SimpleNamespace
+
+    from engine.federated.worker_model import flatten_params, init_process_model
+
+    cfg = load_config(overrides=overrides)
+    shape = SimpleNamespace(input_shape=(1, 8, 8), num_classes=10)
+    model = init_process_model(cfg.seed, cfg.model.name, shape, 1)  # type: ignore[arg-type]
+    return flatten_params(model).numpy()
