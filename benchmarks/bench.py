@@ -221,6 +221,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "runs (e.g. ray,processes)",
     )
     p.add_argument(
+        "--before",
+        action="store_true",
+        help="w1: also run dpfl on the former code path (DPFL_DENSE_STEPS=0: the cnn "
+        "through autograd, one client at a time), alternating, and print after / before",
+    )
+    p.add_argument(
         "--clients-per-batch", type=int, default=None, help="ray.clients_per_worker_batch"
     )
     p.add_argument(

@@ -166,22 +166,35 @@ def run_w1_floor(args: argparse.Namespace, root: Path, tmp: Path, tag: str) -> d
     }
 
 
+#: ``--before``: the environment of dpfl's "before" side, the code path the cnn took
+#: before its hand-written head (engine.federated.head_training): autograd, one client
+#: at a time (``DPFL_DENSE_STEPS=0`` switches every hand-written trainer off).
+BEFORE_ENV = {"DPFL_DENSE_STEPS": "0"}
+
+
 def run_w1_dpfl(
-    args: argparse.Namespace, root: Path, tmp: Path, tag: str, executor: str = "ray"
+    args: argparse.Namespace,
+    root: Path,
+    tmp: Path,
+    tag: str,
+    executor: str = "ray",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One whole ``dpfl run -q`` process under ``ray.executor=executor``; its phases
-    from ``DPFL_TIMELINE``."""
+    """One whole ``dpfl run -q`` process under ``ray.executor=executor`` (with
+    ``extra_env`` set); its phases from ``DPFL_TIMELINE``."""
     import pandas as pd
 
     w = dataclasses.replace(W1, seed=args.seed, rounds=args.rounds or W1.rounds)
-    timeline = tmp / f"timeline-{executor}-{tag}.jsonl"
-    out = tmp / f"dpfl-{executor}-{tag}"
+    name = executor + ("-before" if extra_env else "")
+    timeline = tmp / f"timeline-{name}-{tag}.jsonl"
+    out = tmp / f"dpfl-{name}-{tag}"
     exe = Path(sys.executable).with_name("dpfl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
     cmd += ["run", "-q", "--out", str(out)]
     for o in w1_overrides(w, root, args.workers, args.memory_format, executor):
         cmd += ["--set", o]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(extra_env or {})
     env["DPFL_TIMELINE"] = str(timeline)
     # sampled until a Ray client worker runs its first shard (its title names the
     # method); forked workers keep their parent's title, so sampled to the end
@@ -258,12 +271,22 @@ def w1_main(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dpfl-w1-"))
     root = write_w1_files(w, tmp / "data")
     floors: list[dict[str, Any]] = []
-    dpfls: dict[str, list[dict[str, Any]]] = {e: [] for e in args.executors}
+    # each executor's dpfl runs; with --before also its runs on the former code path
+    variants = [(e, None) for e in args.executors]
+    if args.before:
+        variants += [(e, BEFORE_ENV) for e in args.executors]
+    before = " ".join(f"{k}={v}" for k, v in BEFORE_ENV.items())
+    label = {(e, bool(env)): f"{e}, before ({before})" if env else e for e, env in variants}
+    dpfls: dict[str, list[dict[str, Any]]] = {label[e, bool(env)]: [] for e, env in variants}
     for r in range(args.repeats):
         sides = [("floor", lambda *a: run_w1_floor(*a), floors)]
         sides += [
-            (f"dpfl ({e})", lambda *a, e=e: run_w1_dpfl(*a, executor=e), dpfls[e])
-            for e in args.executors
+            (
+                f"dpfl ({label[e, bool(env)]})",
+                lambda *a, e=e, env=env: run_w1_dpfl(*a, executor=e, extra_env=env),
+                dpfls[label[e, bool(env)]],
+            )
+            for e, env in variants
         ]
         for side, fn, runs in sides:
             load0 = load_average()
@@ -316,6 +339,17 @@ def w1_main(args: argparse.Namespace) -> int:
             f"outside rounds and final evaluation {fixed:.2f} s (target <= 4 s: "
             f"{'met' if fixed <= 4.0 else 'missed'})"
         )
+    if args.before:
+        print(f"\n== W1, after / before (the same executor; medians of {args.repeats}) ==")
+        for e in args.executors:
+            new, old = dpfls[label[e, False]], dpfls[label[e, True]]
+            print(
+                f"ray.executor={e}: "
+                + ", ".join(
+                    f"{names[k]} {median_of(new, k) / median_of(old, k):.3f}"
+                    for k in ("whole_s", "round_loop_s")
+                )
+            )
     print(
         f"floor time per local step {median_of(floors, 'step_ms'):.2f} ms "
         f"({floors[-1]['steps']} steps, layout {floors[-1]['layout']}); "
