@@ -276,15 +276,15 @@ def w1_main(args: argparse.Namespace) -> int:
     if args.before:
         variants += [(e, BEFORE_ENV) for e in args.executors]
     before = " ".join(f"{k}={v}" for k, v in BEFORE_ENV.items())
-    label = {(e, bool(env)): f"{e}, before ({before})" if env else e for e, env in variants}
-    dpfls: dict[str, list[dict[str, Any]]] = {label[e, bool(env)]: [] for e, env in variants}
+    labels = {(e, bool(env)): f"{e}, before ({before})" if env else e for e, env in variants}
+    dpfls: dict[str, list[dict[str, Any]]] = {labels[e, bool(env)]: [] for e, env in variants}
     for r in range(args.repeats):
         sides = [("floor", lambda *a: run_w1_floor(*a), floors)]
         sides += [
             (
-                f"dpfl ({label[e, bool(env)]})",
+                f"dpfl ({labels[e, bool(env)]})",
                 lambda *a, e=e, env=env: run_w1_dpfl(*a, executor=e, extra_env=env),
-                dpfls[label[e, bool(env)]],
+                dpfls[labels[e, bool(env)]],
             )
             for e, env in variants
         ]
@@ -342,7 +342,7 @@ def w1_main(args: argparse.Namespace) -> int:
     if args.before:
         print(f"\n== W1, after / before (the same executor; medians of {args.repeats}) ==")
         for e in args.executors:
-            new, old = dpfls[label[e, False]], dpfls[label[e, True]]
+            new, old = dpfls[labels[e, False]], dpfls[labels[e, True]]
             print(
                 f"ray.executor={e}: "
                 + ", ".join(

@@ -60,14 +60,17 @@ def start(worker: ClientWorker) -> np.ndarray:
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("rnd", [0, 2])
 @pytest.mark.parametrize("kw", [{}, {"steps": 3}], ids=["epochs", "fixed-steps"])
-def test_head_trainer_equals_one_by_one(layout, rnd, kw, monkeypatch) -> None:
+@pytest.mark.parametrize("group", [8, 5, 1])
+def test_head_trainer_equals_one_by_one(layout, rnd, kw, group, monkeypatch) -> None:
     """DenseHeadSGDTrainer (the automatic choice for the cnn under plain SGD on the CPU)
     gives each client the update, local model, loss and step count of one-by-one
     autograd training, to float32 rounding: ragged clients (an empty one, some below
     one batch), two epochs or fixed steps, a decayed learning rate, both memory
-    layouts, and the clients with more rows than MAX_ROWS (here 20: the 11- and
-    13-example clients over two epochs) handed to the one-by-one trainer."""
+    layouts, clients in lockstep groups of 8 (the default), 5 or 1, and the clients
+    with more rows than MAX_ROWS (here 20: the 11- and 13-example clients over two
+    epochs) handed to the one-by-one trainer."""
     monkeypatch.setattr(head_training, "MAX_ROWS", 20)
+    monkeypatch.setattr(head_training, "GROUP", group)
     handed: list[int] = []
     worker = ClientWorker(dataset(), spec(memory_format=layout, **kw))
     assert isinstance(worker.trainer, DenseHeadSGDTrainer), worker.vectorized_note
@@ -107,6 +110,33 @@ def test_head_trainer_equals_one_by_one(layout, rnd, kw, monkeypatch) -> None:
         slow.num_clients,
     )
     assert slow.num_clipped > 0  # the clip is exercised
+
+
+@pytest.mark.parametrize("head", ["one-layer", "no-bias"])
+def test_head_trainer_on_other_heads(head) -> None:
+    """Heads other than the cnn's: one dense layer (its output is the logits, no layer
+    stepped after it) and a first dense layer without a bias; the trainer built on the
+    one-by-one trainer of such a model equals it to float32 rounding."""
+    from engine.federated.local_training import OneByOneTrainer
+
+    torch.manual_seed(0)
+    if head == "one-layer":
+        layers = [nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(108, 3)]
+    else:
+        layers = [nn.Conv2d(1, 3, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
+        layers += [nn.Linear(27, 5, bias=False), nn.ReLU(), nn.Linear(5, 3)]
+    model = nn.Sequential(*layers)
+    base = OneByOneTrainer(dataset(), spec(), model, torch.device("cpu"))
+    trainer = DenseHeadSGDTrainer(base)
+    g0 = torch.cat([p.detach().reshape(-1) for p in base.params])
+    got = list(trainer.train(g0, 1, CLIENTS, {}))
+    want = list(base.train(g0, 1, CLIENTS, {}))
+    moved = 0.0
+    for a, b in zip(got, want):
+        assert a.delta is not None and a.steps == b.steps
+        np.testing.assert_allclose(a.delta, b.local - g0, rtol=RTOL, atol=ATOL)
+        moved = max(moved, float((b.local - g0).abs().max()))
+    assert moved > 1e-2
 
 
 def test_head_trainer_leaves_the_global_model_alone() -> None:
