@@ -73,7 +73,9 @@ __all__ = [
     "deltas_into",
     "dense_sgd_reason",
     "group_sgd_step",
+    "hand_written_reason",
     "stacked_layers",
+    "weight_bias_pairs",
 ]
 
 #: Clients trained together (one group: their examples gathered at once, their
@@ -91,21 +93,30 @@ SAM_EPS = 1e-12
 def dense_sgd_reason(base: OneByOneTrainer) -> str | None:
     """Why ``base``'s clients cannot be trained by :class:`DenseSGDTrainer`, or None: it
     takes plain SGD, SAM, ASAM or PGN steps, and BLUR's penalty under plain SGD."""
-    pipe, spec = base.pipeline, base.spec
+    pipe = base.pipeline
     if base.dense is None:
         return "not a dense model with the plain cross-entropy"
-    if type(base.loss_fn) is not torch.nn.CrossEntropyLoss or not _plain_ce(base.loss_fn):
-        return "the loss is not the plain mean cross-entropy"
-    if pipe.personal is not None:
-        return "personal heads train head and body in separate phases"
     if type(pipe.step) not in (SGDStep, SAMStep, PGNStep):
         return "the step rule is neither plain SGD, SAM nor PGN"
-    if pipe.constraint is not None:
-        return "a constraint changes the steps"
     if pipe.regularizer is not None and (
         type(pipe.regularizer) is not BLUR or type(pipe.step) is not SGDStep
     ):
         return "a regularizer other than BLUR under plain SGD changes the steps"
+    return hand_written_reason(base)
+
+
+def hand_written_reason(base: OneByOneTrainer) -> str | None:
+    """What every hand-written trainer (this module's, and
+    :mod:`engine.federated.head_training`'s) needs besides its model and step rule, or
+    None: the plain mean cross-entropy, no personal head, no constraint, no momentum or
+    weight decay, and the CPU."""
+    pipe, spec = base.pipeline, base.spec
+    if type(base.loss_fn) is not torch.nn.CrossEntropyLoss or not _plain_ce(base.loss_fn):
+        return "the loss is not the plain mean cross-entropy"
+    if pipe.personal is not None:
+        return "personal heads train head and body in separate phases"
+    if pipe.constraint is not None:
+        return "a constraint changes the steps"
     if not pipe.plain_sgd and (float(spec.momentum) != 0 or float(spec.weight_decay) != 0):
         return "momentum or weight decay"
     if base.device.type != "cpu":
@@ -183,11 +194,7 @@ class DenseSGDTrainer:
 
     def _pairs(self, views: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
         """Per-parameter tensors ``views`` as (weight, bias or None) per Linear layer."""
-        out, at = [], 0
-        for b in self.dense.biases:
-            out.append((views[at], views[at + 1] if b is not None else None))
-            at += 2 if b is not None else 1
-        return out
+        return weight_bias_pairs(views, self.dense.biases)
 
     @torch.no_grad()
     def train(
@@ -576,6 +583,19 @@ def _pgn_descend_bias(
     gradient at the layer's output (G, B, H)."""
     gt = pgn.g_tilde[layer][1] if pgn.g_tilde is not None else None
     b1.add_(_pgn_direction(g.sum(1), gt, pgn, active), alpha=-lr)
+
+
+def weight_bias_pairs(
+    views: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]
+) -> list[tuple[torch.Tensor, Any]]:
+    """Per-parameter tensors ``views`` (weight, then bias where the layer has one, layer
+    after layer) as (weight, bias or None) per Linear layer, ``biases`` saying which
+    layers have one."""
+    out, at = [], 0
+    for b in biases:
+        out.append((views[at], views[at + 1] if b is not None else None))
+        at += 2 if b is not None else 1
+    return out
 
 
 def stacked_layers(

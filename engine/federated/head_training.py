@@ -61,7 +61,14 @@ from torch import nn
 from algorithms.pieces.steps import round_lr
 from algorithms.pipeline import SGDStep
 from engine.federated.dense_steps import DenseSteps, dense_steps_enabled
-from engine.federated.dense_training import DeltaResult, deltas_into, group_sgd_step, stacked_layers
+from engine.federated.dense_training import (
+    DeltaResult,
+    deltas_into,
+    group_sgd_step,
+    hand_written_reason,
+    stacked_layers,
+    weight_bias_pairs,
+)
 from engine.federated.local_training import LocalResult, OneByOneTrainer
 
 __all__ = ["DenseHeadSGDTrainer", "MAX_ROWS", "dense_head_reason", "split_dense_head"]
@@ -100,27 +107,14 @@ def dense_head_reason(base: OneByOneTrainer) -> str | None:
     None: a body-and-dense-head model (:func:`split_dense_head`) on the CPU, the plain
     mean cross-entropy, and DP-FedAvg's local steps (plain SGD; no momentum, weight
     decay, regularizer, constraint or personal head)."""
-    pipe, spec = base.pipeline, base.spec
+    pipe = base.pipeline
     if not dense_steps_enabled():
         return "hand-written steps switched off (DPFL_DENSE_STEPS=0)"
     if split_dense_head(base.model, base.params) is None:
         return "not a body followed by a Flatten and dense layers"
-    loss = base.loss_fn
-    if type(loss) is not nn.CrossEntropyLoss or not (
-        loss.weight is None and loss.reduction == "mean" and loss.label_smoothing == 0.0
-    ):
-        return "the loss is not the plain mean cross-entropy"
-    if pipe.personal is not None:
-        return "personal heads train head and body in separate phases"
     if type(pipe.step) is not SGDStep or pipe.regularizer is not None:
         return "the step rule is not plain SGD"
-    if pipe.constraint is not None:
-        return "a constraint changes the steps"
-    if not pipe.plain_sgd and (float(spec.momentum) != 0 or float(spec.weight_decay) != 0):
-        return "momentum or weight decay"
-    if base.device.type != "cpu":
-        return "not on the CPU"
-    return None
+    return hand_written_reason(base)
 
 
 class DenseHeadSGDTrainer:
@@ -160,11 +154,7 @@ class DenseHeadSGDTrainer:
         """(weight, bias or None) views of ``global_flat`` per dense layer of the head."""
         parts = torch.split(global_flat, self.sizes)
         views = [t.view(p.shape) for t, p in zip(parts, self.base.params)][self.n_body :]
-        out, at = [], 0
-        for b in self.head.biases:
-            out.append((views[at], views[at + 1] if b is not None else None))
-            at += 2 if b is not None else 1
-        return out
+        return weight_bias_pairs(views, self.head.biases)
 
     def train(
         self, global_flat: torch.Tensor, rnd: int, clients: Sequence[int] | np.ndarray, public: dict

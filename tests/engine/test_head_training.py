@@ -17,44 +17,22 @@ import torch
 from torch import nn
 
 import engine.federated.head_training as head_training
-from algorithms import build_pipeline
-from engine.config import AlgoConfig, load_config
+from engine.config import load_config
 from engine.data.federated import FederatedDataset
-from engine.federated.client import ClientWorker, LocalSpec
+from engine.federated.client import ClientWorker
 from engine.federated.dense_steps import ENV
 from engine.federated.dense_training import DenseSGDTrainer
 from engine.federated.head_training import DenseHeadSGDTrainer, split_dense_head
 from engine.simulation import simulate
 
-RTOL, ATOL = 1e-4, 1e-5
-# empty, below one batch, exact batches, ragged (as tests/engine/test_dense_training.py)
-SIZES = (0, 2, 5, 9, 13, 1, 8, 11, 3, 6, 4, 10)
-CLIENTS = np.arange(len(SIZES))
+# the toy clients (empty, below one batch, exact batches, ragged), their spec and the
+# worker's start, as the dense trainer's tests use them; images of 1×8×8 for the cnn
+from tests.engine.test_dense_training import ATOL, CLIENTS, RTOL, SIZES, spec, start
+from tests.engine.test_dense_training import dataset as toy_dataset
 
 
-def dataset(shape=(1, 8, 8), seed: int = 0) -> FederatedDataset:
-    g = np.random.default_rng(seed)
-    n = sum(SIZES)
-    x = g.normal(size=(n, *shape)).astype(np.float32)
-    y = g.integers(0, 3, n).astype(np.int64)
-    bounds = np.cumsum((0, *SIZES))
-    train = [np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
-    empty = [np.zeros(0, np.int64) for _ in SIZES]
-    return FederatedDataset("toy", x, y, train, empty, x[:4], y[:4], 3, shape)
-
-
-def spec(model="cnn", algorithm="dp_fedavg", group=None, **kw) -> LocalSpec:
-    base = dict(
-        seed=3, model_name=model, epochs=2, batch_size=4, lr=0.2, lr_decay=0.9,
-        momentum=0.0, weight_decay=0.0, denominator=6.0, clients_per_batch=group,
-    )  # fmt: skip
-    algo, clip = kw.pop("algo", AlgoConfig()), kw.pop("clip_norm", 0.6)
-    base.update(kw)
-    return LocalSpec(**base, pipeline=build_pipeline(algorithm, algo, clip, 1.0, model))
-
-
-def start(worker: ClientWorker) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in worker.params]).numpy()
+def dataset() -> FederatedDataset:
+    return toy_dataset(shape=(1, 8, 8))
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -72,7 +50,7 @@ def test_head_trainer_equals_one_by_one(layout, rnd, kw, group, monkeypatch) -> 
     monkeypatch.setattr(head_training, "MAX_ROWS", 20)
     monkeypatch.setattr(head_training, "GROUP", group)
     handed: list[int] = []
-    worker = ClientWorker(dataset(), spec(memory_format=layout, **kw))
+    worker = ClientWorker(dataset(), spec("cnn", memory_format=layout, **kw))
     assert isinstance(worker.trainer, DenseHeadSGDTrainer), worker.vectorized_note
     base_train_client = worker.one_by_one.train_client
 
@@ -126,7 +104,7 @@ def test_head_trainer_on_other_heads(head) -> None:
         layers = [nn.Conv2d(1, 3, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
         layers += [nn.Linear(27, 5, bias=False), nn.ReLU(), nn.Linear(5, 3)]
     model = nn.Sequential(*layers)
-    base = OneByOneTrainer(dataset(), spec(), model, torch.device("cpu"))
+    base = OneByOneTrainer(dataset(), spec("cnn"), model, torch.device("cpu"))
     trainer = DenseHeadSGDTrainer(base)
     g0 = torch.cat([p.detach().reshape(-1) for p in base.params])
     got = list(trainer.train(g0, 1, CLIENTS, {}))
@@ -142,7 +120,7 @@ def test_head_trainer_on_other_heads(head) -> None:
 def test_head_trainer_leaves_the_global_model_alone() -> None:
     """The round's global vector is read, never written (its first dense layer's weight
     is used in place by every client), and each client's update is its own tensor."""
-    worker = ClientWorker(dataset(), spec())
+    worker = ClientWorker(dataset(), spec("cnn"))
     g0 = torch.from_numpy(start(worker))
     before = g0.clone()
     got = list(worker.trainer.train(g0, 0, CLIENTS, {}))
@@ -173,7 +151,7 @@ def test_head_trainer_only_where_it_applies(algorithm, kw, group, model) -> None
 
 def test_switch_off_trains_the_cnn_through_autograd(monkeypatch) -> None:
     monkeypatch.setenv(ENV, "0")
-    worker = ClientWorker(dataset(), spec())
+    worker = ClientWorker(dataset(), spec("cnn"))
     assert worker.trainer is worker.one_by_one
 
 
