@@ -139,12 +139,14 @@ class DenseHeadSGDTrainer:
         self.base = base
         self.body = nn.Sequential(*list(base.model.children())[:at])
         self.n_body = sum(1 for _ in self.body.parameters())
-        self.body_params = base.params[: self.n_body]
         self.sizes = [p.numel() for p in base.params]
         self.body_dim = int(sum(self.sizes[: self.n_body]))
         self.dim = int(sum(self.sizes))
         self.head = head
-        self.bodies: list[nn.Sequential] = [self.body]
+        #: the bodies clients train on, copies of the model's: the one-by-one trainer
+        #: (a client with too many rows) and a client transform's local gradient load
+        #: other weights into the model itself while a group's Δ are still being formed
+        self.bodies: list[nn.Sequential] = []
         self.width = int(head.weights[0].shape[1])
 
     def local_gradient(self, client: int, local: torch.Tensor) -> torch.Tensor:
@@ -185,8 +187,8 @@ class DenseHeadSGDTrainer:
                     yield DeltaResult(c, global_flat, st.loss_sum, len(st.batches), delta)
 
     def _bodies(self, n: int) -> list[nn.Sequential]:
-        """``n`` copies of the body, each with parameters of its own (the first is the
-        worker's model's), so that clients trained in lockstep keep their own graphs."""
+        """``n`` copies of the body, each with parameters of its own (none of them the
+        model's), so that clients trained in lockstep keep their own graphs."""
         while len(self.bodies) < n:
             copy = deepcopy(self.body)
             for p, q in zip(self.body.parameters(), copy.parameters()):

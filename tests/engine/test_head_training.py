@@ -38,16 +38,17 @@ def dataset() -> FederatedDataset:
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("rnd", [0, 2])
 @pytest.mark.parametrize("kw", [{}, {"steps": 3}], ids=["epochs", "fixed-steps"])
-@pytest.mark.parametrize("group", [8, 5, 1])
-def test_head_trainer_equals_one_by_one(layout, rnd, kw, group, monkeypatch) -> None:
+@pytest.mark.parametrize("group,max_rows", [(8, 20), (5, 20), (1, 20), (8, 3)])
+def test_head_trainer_equals_one_by_one(layout, rnd, kw, group, max_rows, monkeypatch) -> None:
     """DenseHeadSGDTrainer (the automatic choice for the cnn under plain SGD on the CPU)
     gives each client the update, local model, loss and step count of one-by-one
     autograd training, to float32 rounding: ragged clients (an empty one, some below
     one batch), two epochs or fixed steps, a decayed learning rate, both memory
     layouts, clients in lockstep groups of 8 (the default), 5 or 1, and the clients
-    with more rows than MAX_ROWS (here 20: the 11- and 13-example clients over two
-    epochs) handed to the one-by-one trainer."""
-    monkeypatch.setattr(head_training, "MAX_ROWS", 20)
+    with more rows than MAX_ROWS handed to the one-by-one trainer (at 20 rows, the 11-
+    and 13-example clients over two epochs; at 3, all but the one-example client, so
+    that the one-by-one trainer runs in its group before that client's Δ is formed)."""
+    monkeypatch.setattr(head_training, "MAX_ROWS", max_rows)
     monkeypatch.setattr(head_training, "GROUP", group)
     handed: list[int] = []
     worker = ClientWorker(dataset(), spec("cnn", memory_format=layout, **kw))
@@ -62,7 +63,14 @@ def test_head_trainer_equals_one_by_one(layout, rnd, kw, group, monkeypatch) -> 
     w0 = start(worker)
     g0 = torch.from_numpy(w0)
     got = list(worker.trainer.train(g0, rnd, CLIENTS, {}))
-    assert handed == ([] if kw else [4, 7])  # 26 and 22 rows; with 3 steps at most 12
+    rows = {
+        int(c): sum(len(b) for b in worker.one_by_one.batches(rnd, int(c), kw.get("steps"), 2))
+        for c in CLIENTS
+    }
+    over = [c for c, r in rows.items() if r > max_rows]
+    assert handed == over  # in order
+    assert over or (kw and max_rows == 20)  # some, except 3 steps of at most 4 rows
+    assert len(over) < len(CLIENTS) - 1  # and some clients factored
     handed.clear()
     want = list(worker.one_by_one.train(g0, rnd, CLIENTS, {}))
     assert [r.client for r in got] == list(CLIENTS)
@@ -70,7 +78,7 @@ def test_head_trainer_equals_one_by_one(layout, rnd, kw, group, monkeypatch) -> 
     for a, b in zip(got, want):
         assert a.steps == b.steps
         # computed directly, except for the clients handed to the one-by-one trainer
-        assert (a.delta is None) == (a.client in (4, 7) and not kw)
+        assert (a.delta is None) == (a.client in over)
         delta = a.delta if a.delta is not None else a.local - g0
         np.testing.assert_allclose(delta, b.local - g0, rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(a.local, b.local, rtol=RTOL, atol=ATOL)
