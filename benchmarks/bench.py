@@ -140,7 +140,8 @@ def print_report(rep: dict[str, Any]) -> None:
         print(f"  (dpfl: {d['accountant']} accountant, delta={d['delta']:.3g}; from dpfl only)")
     if p and "minimal_step_ms" in p:
         print(
-            f"plain loop (tight floor, {p['layout']}): {p['step_ms']:.2f} ms per local step "
+            f"plain loop (tight floor, {p['layout']}, Linear forms {p['linear_forms']}): "
+            f"{p['step_ms']:.2f} ms per local step "
             f"over {p['steps']} steps; on the {p['minimal_steps']} steps of its first rounds "
             f"{p['same_batches_step_ms']:.2f} ms against the minimal loop's "
             f"{p['minimal_step_ms']:.2f} ms (ratio "
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                 pr["same_batches_step_cpu_ms"] = (
                     1e3 * sum(pr["round_train_cpu_s"][:k]) / max(1, sum(pr["round_steps"][:k]))
                 )
-                mw, mc = minimal_loop(w, ds, replay, device, pr["layout"])
+                mw, mc = minimal_loop(w, ds, replay, device, pr["layout"], pr["linear_forms"])
                 pr["minimal_step_ms"], pr["minimal_step_cpu_ms"] = 1e3 * mw, 1e3 * mc
                 pr["minimal_steps"] = len(replay)
                 pr["minimal_load"] = load_average()
